@@ -1,0 +1,15 @@
+//! Generates the `spinlink.v1` code from `proto/` with protox: no system
+//! `protoc` is needed to build spinlink.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/spinlink/v1/tunnel.proto"];
+    for file in &files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! spinlink's wire contract: the `spinlink.v1.Tunnel` gRPC service that agents
+//! call on a gateway, and the messages of its `Hello`, `Cache` and `Relay`
+//! methods. Start with `proto/spinlink/v1/tunnel.proto`; this crate only holds
+//! the code generated from it and the names of the stream headers.
+#![forbid(unsafe_code)]
+
+/// Generated code for package `spinlink.v1`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("spinlink.v1");
+}
+
+/// HTTP/2 header names carried on `Cache` and `Relay` streams.
+pub mod headers {
+    /// Sent by the agent: the account a stream serves.
+    pub const ACCOUNT: &str = "spinlink-account";
+    /// Sent by the agent: the channel token for that account. Never forwarded
+    /// upstream by the gateway.
+    pub const TOKEN: &str = "spinlink-token";
+    /// Prefix of the headers only the gateway may set; removed from agent input.
+    pub const VERIFIED_PREFIX: &str = "spinlink-verified-";
+    /// Set by the gateway: the agent identity proven by its certificate.
+    pub const VERIFIED_IDENTITY: &str = "spinlink-verified-identity";
+    /// Set by the gateway: the account the channel token was checked against.
+    pub const VERIFIED_ACCOUNT: &str = "spinlink-verified-account";
+}
+
+/// Full gRPC paths of the `Tunnel` methods, as routed by the gateway.
+pub mod paths {
+    /// `Hello`, answered by the gateway itself.
+    pub const HELLO: &str = "/spinlink.v1.Tunnel/Hello";
+    /// `Cache`, checked and carried to a sidecar.
+    pub const CACHE: &str = "/spinlink.v1.Tunnel/Cache";
+    /// `Relay`, checked and carried to a sidecar.
+    pub const RELAY: &str = "/spinlink.v1.Tunnel/Relay";
+}
