@@ -1,0 +1,627 @@
+//! Routing one request: discovery, OpenAPI, and the resource verbs (list, watch, get,
+//! create, update, patch, delete, status and scale subresources). Every failure leaves
+//! here as a `metav1.Status` response.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::watch::{self, WatchRequest};
+use crate::error::Status;
+use crate::fixtures;
+use crate::patch::{self, PatchType};
+use crate::resources::{self, ResourceInfo};
+use crate::selector::Selectors;
+use crate::store::meta::scale_of;
+use crate::store::{DeleteOptions, ListQuery, Sim, Subresource, WatchFilter, WriteOptions};
+use crate::table::{self, IncludeObject};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 8 * 1024 * 1024;
+
+/// Content type of aggregated discovery v2 (what the real server answers with).
+pub const AGGREGATED_V2: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+/// Content type of the protobuf OpenAPI v2 document.
+pub const OPENAPI_V2_PB: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+
+/// Response body type: whole JSON documents or a watch stream.
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// What every request handler shares.
+pub(crate) struct Ctx {
+    pub sim: Sim,
+    /// Cancelled when the server shuts down; ends watches.
+    pub shutdown: CancellationToken,
+}
+
+fn full(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()).boxed());
+    *resp.status_mut() = code;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
+    full(
+        code,
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+}
+
+fn status_response(s: &Status) -> Response<Body> {
+    let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(code, &s.to_value())
+}
+
+fn result_response(code: StatusCode, r: Result<Value, Status>) -> Response<Body> {
+    match r {
+        Ok(v) => json_response(code, &v),
+        Err(s) => status_response(&s),
+    }
+}
+
+fn fixture(rel: &str, content_type: &str) -> Response<Body> {
+    match fixtures::file(rel) {
+        Some(b) => full(StatusCode::OK, content_type, Bytes::from_static(b)),
+        None => status_response(&Status::no_route()),
+    }
+}
+
+/// Whether `accept` lists a media type with all of `params`.
+fn accepts(accept: &str, essence: &str, params: &[&str]) -> bool {
+    accept.split(',').any(|media| {
+        let mut parts = media.split(';').map(str::trim);
+        parts.next() == Some(essence) && {
+            let rest: Vec<&str> = parts.collect();
+            params.iter().all(|p| rest.contains(p))
+        }
+    })
+}
+
+fn header_str(headers: &HeaderMap, name: header::HeaderName) -> &str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// Parsed query parameters (the last value of a repeated key wins; `dryRun` is any).
+struct Query {
+    params: HashMap<String, String>,
+    dry_run: bool,
+}
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        let mut params = HashMap::new();
+        let mut dry_run = false;
+        for (k, v) in url::form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+            if k == "dryRun" && v == "All" {
+                dry_run = true;
+            }
+            params.insert(k.into_owned(), v.into_owned());
+        }
+        Query { params, dry_run }
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.params.get(k).map(String::as_str)
+    }
+
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true" | "1"))
+    }
+
+    fn write_options(&self) -> WriteOptions {
+        WriteOptions {
+            dry_run: self.dry_run,
+            field_manager: self.get("fieldManager").map(str::to_string),
+            ..Default::default()
+        }
+    }
+}
+
+/// Handles one request.
+pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let query = Query::parse(parts.uri.query());
+    let accept = header_str(&parts.headers, header::ACCEPT).to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    tracing::trace!(method = %parts.method, %path, "request");
+    let is_get = parts.method == Method::GET;
+    match segs.as_slice() {
+        ["version"] if is_get => version(&ctx.sim),
+        ["healthz" | "livez" | "readyz"] if is_get => {
+            full(StatusCode::OK, "text/plain; charset=utf-8", "ok")
+        }
+        ["openapi", "v2"] if is_get => {
+            if accepts(&accept, OPENAPI_V2_PB, &[]) {
+                fixture("openapi/v2.pb", OPENAPI_V2_PB)
+            } else {
+                fixture("openapi/v2.json", "application/json")
+            }
+        }
+        ["openapi", "v3", rest @ ..] if is_get => {
+            // The index names documents with `?hash=`; any hash serves the document.
+            match fixtures::openapi_v3(&rest.join("/")) {
+                Some(b) => full(StatusCode::OK, "application/json", Bytes::from_static(b)),
+                None => status_response(&Status::no_route()),
+            }
+        }
+        ["api"] if is_get => discovery_root(&accept, "api"),
+        ["apis"] if is_get => discovery_root(&accept, "apis"),
+        ["apis", group] if is_get => match fixtures::group(group) {
+            Some(doc) => json_response(StatusCode::OK, &doc),
+            None => status_response(&Status::no_route()),
+        },
+        ["api", "v1", rest @ ..] => {
+            resource(&ctx, &parts, body, &query, &accept, "", "v1", rest).await
+        }
+        ["apis", group, version, rest @ ..] => {
+            resource(&ctx, &parts, body, &query, &accept, group, version, rest).await
+        }
+        [] if is_get => json_response(
+            StatusCode::OK,
+            &json!({"paths": ["/api", "/api/v1", "/apis", "/openapi/v2", "/openapi/v3", "/version"]}),
+        ),
+        _ => status_response(&Status::no_route()),
+    }
+}
+
+fn version(sim: &Sim) -> Response<Body> {
+    let Some(bytes) = fixtures::file("discovery/version.json") else {
+        return status_response(&Status::no_route());
+    };
+    let mut v: Value = serde_json::from_slice(bytes).unwrap_or_default();
+    if let Some(minor) = sim.config().reported_minor {
+        v["minor"] = json!(minor.to_string());
+        v["emulationMinor"] = json!(minor.to_string());
+        v["minCompatibilityMinor"] = json!(minor.saturating_sub(1).to_string());
+        v["gitVersion"] = json!(format!("v1.{minor}.0"));
+    }
+    json_response(StatusCode::OK, &v)
+}
+
+fn discovery_root(accept: &str, root: &str) -> Response<Body> {
+    if accepts(
+        accept,
+        "application/json",
+        &["g=apidiscovery.k8s.io", "v=v2", "as=APIGroupDiscoveryList"],
+    ) {
+        fixture(&format!("discovery/{root}.aggregated.json"), AGGREGATED_V2)
+    } else {
+        fixture(&format!("discovery/{root}.json"), "application/json")
+    }
+}
+
+async fn read_body(body: Incoming) -> Result<Bytes, Status> {
+    match Limited::new(body, MAX_BODY).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Status::too_large()),
+        Err(e) => Err(Status::bad_request(format!(
+            "reading the request body failed: {e}"
+        ))),
+    }
+}
+
+/// Decodes a JSON (or YAML) object body.
+fn decode_object(content_type: &str, body: &[u8]) -> Result<Value, Status> {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    let parsed: Result<Value, String> = match essence {
+        "application/yaml" => serde_norway::from_slice(body).map_err(|e| e.to_string()),
+        "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| e.to_string()),
+        other => return Err(Status::unsupported_media_type(other)),
+    };
+    match parsed {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(Status::bad_request(
+            "the body of the request must be a JSON object",
+        )),
+        Err(e) => Err(Status::bad_request(format!(
+            "couldn't get version/kind; json parse error: {e}"
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource(
+    ctx: &Ctx,
+    parts: &http::request::Parts,
+    body: Incoming,
+    query: &Query,
+    accept: &str,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Response<Body> {
+    if rest.is_empty() {
+        if parts.method != Method::GET {
+            return status_response(&Status::method_not_allowed());
+        }
+        return if group.is_empty() {
+            fixture("discovery/api_v1.json", "application/json")
+        } else {
+            match fixtures::group_version(group, version) {
+                Some(b) => full(StatusCode::OK, "application/json", Bytes::from_static(b)),
+                None => status_response(&Status::no_route()),
+            }
+        };
+    }
+    let (namespace, plural, tail): (Option<&str>, &str, &[&str]) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if !matches!(*plural, "status" | "finalize") => {
+            (Some(ns), plural, tail)
+        }
+        [plural, tail @ ..] => (None, plural, tail),
+        [] => return status_response(&Status::no_route()),
+    };
+    let Some(res) = resources::find(group, version, plural) else {
+        return status_response(&Status::no_route());
+    };
+    if tail.len() > 2
+        || (namespace.is_some() && !res.namespaced)
+        || (namespace.is_none() && res.namespaced && !tail.is_empty())
+    {
+        return status_response(&Status::no_route());
+    }
+    let name = tail.first().copied();
+    let sub = tail.get(1).copied();
+    let table =
+        table::wants_table(accept).then(|| IncludeObject::parse(query.get("includeObject")));
+    let content_type = header_str(&parts.headers, header::CONTENT_TYPE).to_string();
+    let method = parts.method.clone();
+
+    let needs_body = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    let bytes = if needs_body {
+        match read_body(body).await {
+            Ok(b) => b,
+            Err(s) => return status_response(&s),
+        }
+    } else {
+        Bytes::new()
+    };
+
+    match (method, name, sub) {
+        (Method::GET, None, None) => {
+            if query.flag("watch") {
+                watch_or_status(ctx, res, namespace, query, table)
+            } else {
+                list(ctx, res, namespace, query, table)
+            }
+        }
+        (Method::POST, None, None) => {
+            let obj = match decode_object(&content_type, &bytes) {
+                Ok(o) => o,
+                Err(s) => return status_response(&s),
+            };
+            result_response(
+                StatusCode::CREATED,
+                ctx.sim
+                    .create_in(res, namespace, obj, &query.write_options()),
+            )
+        }
+        (Method::GET, Some(name), None) => match ctx.sim.get_in(res, namespace, name) {
+            Ok(obj) => match table {
+                Some(include) => {
+                    let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+                    json_response(StatusCode::OK, &table::table(res, [&obj], meta, include))
+                }
+                None => json_response(StatusCode::OK, &obj),
+            },
+            Err(s) => status_response(&s),
+        },
+        (Method::PUT, Some(name), None | Some("status")) => {
+            if sub == Some("status") && !res.status_subresource {
+                return status_response(&Status::no_route());
+            }
+            let obj = match decode_object(&content_type, &bytes) {
+                Ok(o) => o,
+                Err(s) => return status_response(&s),
+            };
+            let mut opts = query.write_options();
+            if sub == Some("status") {
+                opts.subresource = Subresource::Status;
+            }
+            result_response(
+                StatusCode::OK,
+                ctx.sim.replace_in(res, namespace, name, obj, &opts),
+            )
+        }
+        (Method::PATCH, Some(name), None | Some("status")) => {
+            if sub == Some("status") && !res.status_subresource {
+                return status_response(&Status::no_route());
+            }
+            let subresource = if sub == Some("status") {
+                Subresource::Status
+            } else {
+                Subresource::Main
+            };
+            patch(
+                ctx,
+                res,
+                namespace,
+                name,
+                &content_type,
+                &bytes,
+                query,
+                subresource,
+            )
+        }
+        (Method::GET, Some(name), Some("status")) if res.status_subresource => {
+            result_response(StatusCode::OK, ctx.sim.get_in(res, namespace, name))
+        }
+        (Method::DELETE, Some(name), None) => {
+            let opts = match delete_options(&bytes, query) {
+                Ok(o) => o,
+                Err(s) => return status_response(&s),
+            };
+            result_response(
+                StatusCode::OK,
+                ctx.sim.delete_in(res, namespace, name, &opts),
+            )
+        }
+        (m, Some(name), Some("scale")) if res.scale_subresource => {
+            scale(ctx, res, namespace, name, m, &content_type, &bytes, query)
+        }
+        (_, _, None) => status_response(&Status::method_not_allowed()),
+        _ => status_response(&Status::no_route()),
+    }
+}
+
+fn selectors(res: &ResourceInfo, query: &Query) -> Result<Selectors, Status> {
+    Selectors::parse(res, query.get("labelSelector"), query.get("fieldSelector"))
+        .map_err(|e| Status::bad_request(e.0))
+}
+
+fn parse_rv(s: Option<&str>) -> Result<Option<u64>, Status> {
+    match s {
+        None | Some("") | Some("0") => Ok(None),
+        Some(s) => s
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| Status::bad_request(format!("invalid resource version: {s:?}"))),
+    }
+}
+
+fn list(
+    ctx: &Ctx,
+    res: &'static ResourceInfo,
+    namespace: Option<&str>,
+    query: &Query,
+    table: Option<IncludeObject>,
+) -> Response<Body> {
+    let sel = match selectors(res, query) {
+        Ok(s) => s,
+        Err(s) => return status_response(&s),
+    };
+    let exact_rv = if query.get("resourceVersionMatch") == Some("Exact") {
+        match parse_rv(query.get("resourceVersion")) {
+            Ok(rv) => rv,
+            Err(s) => return status_response(&s),
+        }
+    } else {
+        None
+    };
+    let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok());
+    let q = ListQuery {
+        res,
+        namespace,
+        selectors: &sel,
+        limit,
+        continue_token: query.get("continue"),
+        exact_rv,
+    };
+    let page = match ctx.sim.list_page(&q) {
+        Ok(p) => p,
+        Err(s) => return status_response(&s),
+    };
+    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(n) = page.remaining {
+        meta["remainingItemCount"] = json!(n);
+    }
+    if let Some(include) = table {
+        return json_response(
+            StatusCode::OK,
+            &table::table(res, page.items.iter().map(|o| &**o), meta, include),
+        );
+    }
+    // Items in a list carry no kind/apiVersion, as the real server sends them.
+    let items: Vec<Value> = page
+        .items
+        .iter()
+        .map(|o| {
+            let mut o = (**o).clone();
+            if let Some(m) = o.as_object_mut() {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            o
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": res.list_kind(), "apiVersion": res.api_version, "metadata": meta, "items": items}),
+    )
+}
+
+fn watch_or_status(
+    ctx: &Ctx,
+    res: &'static ResourceInfo,
+    namespace: Option<&str>,
+    query: &Query,
+    table: Option<IncludeObject>,
+) -> Response<Body> {
+    let selectors = match selectors(res, query) {
+        Ok(s) => s,
+        Err(s) => return status_response(&s),
+    };
+    let send_initial = query.flag("sendInitialEvents");
+    let from = match parse_rv(query.get("resourceVersion")) {
+        Ok(rv) => rv,
+        Err(s) => return status_response(&s),
+    };
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs);
+    let req = WatchRequest {
+        filter: WatchFilter {
+            res,
+            namespace: namespace.map(str::to_string),
+            selectors,
+        },
+        from: if send_initial { None } else { from },
+        send_initial,
+        bookmarks: query.flag("allowWatchBookmarks"),
+        bookmark_interval: ctx.sim.config().bookmark_interval,
+        timeout,
+        table,
+    };
+    watch::respond(ctx.sim.clone(), req, ctx.shutdown.clone())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    ctx: &Ctx,
+    res: &'static ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    content_type: &str,
+    bytes: &[u8],
+    query: &Query,
+    subresource: Subresource,
+) -> Response<Body> {
+    let Some(pt) = PatchType::from_content_type(content_type) else {
+        return status_response(&Status::unsupported_media_type(content_type));
+    };
+    let body = match patch::parse_body(pt, bytes) {
+        Ok(b) => b,
+        Err(s) => return status_response(&s),
+    };
+    let existed = ctx.sim.get_in(res, namespace, name).is_ok();
+    let r = ctx.sim.patch_in(
+        res,
+        namespace,
+        name,
+        pt,
+        &body,
+        subresource,
+        &query.write_options(),
+    );
+    let code = if pt == PatchType::Apply && !existed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    result_response(code, r)
+}
+
+/// Turns the current `Scale` into the wanted one.
+type ScaleChange = Box<dyn FnOnce(&Value) -> Result<Value, Status>>;
+
+#[allow(clippy::too_many_arguments)]
+fn scale(
+    ctx: &Ctx,
+    res: &'static ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+    method: Method,
+    content_type: &str,
+    bytes: &[u8],
+    query: &Query,
+) -> Response<Body> {
+    let change: ScaleChange = match method {
+        Method::GET => {
+            return result_response(
+                StatusCode::OK,
+                ctx.sim.get_in(res, namespace, name).map(|o| scale_of(&o)),
+            );
+        }
+        Method::PUT => match decode_object(content_type, bytes) {
+            Ok(new_scale) => Box::new(move |_: &Value| Ok(new_scale)),
+            Err(s) => return status_response(&s),
+        },
+        Method::PATCH => {
+            let Some(pt) = PatchType::from_content_type(content_type) else {
+                return status_response(&Status::unsupported_media_type(content_type));
+            };
+            match patch::parse_body(pt, bytes) {
+                Ok(p) => Box::new(move |current: &Value| patch::apply_patch(current, pt, &p)),
+                Err(s) => return status_response(&s),
+            }
+        }
+        _ => return status_response(&Status::method_not_allowed()),
+    };
+    let opts = query.write_options();
+    let r = ctx.sim.modify_in(res, namespace, name, &opts, |obj| {
+        let current = scale_of(obj);
+        let wanted = change(&current)?;
+        let rv = wanted["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default();
+        if !rv.is_empty() && Some(rv) != current["metadata"]["resourceVersion"].as_str() {
+            return Err(Status::conflict(res, name));
+        }
+        let Some(replicas) = wanted["spec"]["replicas"].as_i64().filter(|r| *r >= 0) else {
+            return Err(Status::invalid(
+                "Scale",
+                name,
+                "spec.replicas",
+                "FieldValueInvalid",
+                "Invalid value: must be greater than or equal to 0",
+            ));
+        };
+        let mut new = obj.clone();
+        new["spec"]["replicas"] = json!(replicas);
+        Ok(new)
+    });
+    result_response(StatusCode::OK, r.map(|o| scale_of(&o)))
+}
+
+fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> {
+    let mut opts = DeleteOptions {
+        dry_run: query.dry_run,
+        orphan: query.get("propagationPolicy") == Some("Orphan")
+            || query.get("orphanDependents") == Some("true"),
+        ..Default::default()
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(opts);
+    }
+    let body: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Status::bad_request(format!("couldn't decode DeleteOptions: {e}")))?;
+    if body["propagationPolicy"] == "Orphan" || body["orphanDependents"] == true {
+        opts.orphan = true;
+    }
+    if body["dryRun"]
+        .as_array()
+        .is_some_and(|d| d.iter().any(|x| x == "All"))
+    {
+        opts.dry_run = true;
+    }
+    opts.uid = body["preconditions"]["uid"].as_str().map(str::to_string);
+    opts.resource_version = body["preconditions"]["resourceVersion"]
+        .as_str()
+        .map(str::to_string);
+    Ok(opts)
+}

@@ -1,0 +1,302 @@
+//! Server-set fields, defaults and validation applied to objects on write, as the real
+//! API server's registry strategies do for the served kinds.
+
+use rand::Rng;
+use serde_json::{Map, Value, json};
+
+use crate::error::Status;
+use crate::resources::ResourceInfo;
+
+/// Current time as the API server formats timestamps (RFC 3339, seconds, `Z`).
+pub(crate) fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A random RFC 4122 version 4 UID.
+pub(crate) fn new_uid() -> String {
+    let mut b: [u8; 16] = rand::rng().random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The 5-character suffix `generateName` gets (the alphabet of `utilrand.String`).
+pub(crate) fn name_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// `metadata` of `obj` as a map, created if missing.
+pub(crate) fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj["metadata"].is_object() {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("metadata was just made an object"),
+    }
+}
+
+/// A string field of `metadata`.
+pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str()
+}
+
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Checks the object name the way the kind's validation does.
+pub(crate) fn validate_name(res: &ResourceInfo, name: &str) -> Result<(), Status> {
+    let invalid = |msg: &str| {
+        Status::invalid(
+            res.kind,
+            name,
+            "metadata.name",
+            "FieldValueInvalid",
+            &format!("Invalid value: {name:?}: {msg}"),
+        )
+    };
+    if name.is_empty() {
+        return Err(Status::invalid(
+            res.kind,
+            "",
+            "metadata.name",
+            "FieldValueRequired",
+            "Required value: name or generateName is required",
+        ));
+    }
+    match res.plural {
+        "namespaces" => {
+            if !is_label(name) {
+                return Err(invalid(LABEL_MSG));
+            }
+        }
+        "services" => {
+            if !is_label(name) || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                return Err(invalid(DNS1035_MSG));
+            }
+        }
+        _ => {
+            if name.len() > 253 || !name.split('.').all(is_label) {
+                return Err(invalid(SUBDOMAIN_MSG));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fills the defaults the real server's defaulting and registry strategy set on create.
+pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
+    let name = meta_str(obj, "name").unwrap_or_default().to_string();
+    match res.plural {
+        "namespaces" => {
+            let meta = meta_mut(obj);
+            if !meta.get("labels").is_some_and(Value::is_object) {
+                meta.insert("labels".into(), json!({}));
+            }
+            meta["labels"]["kubernetes.io/metadata.name"] = json!(name);
+            if obj["spec"]["finalizers"].is_null() {
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            }
+            obj["status"] = json!({"phase": "Active"});
+        }
+        "secrets" => {
+            if obj["type"].is_null() {
+                obj["type"] = json!("Opaque");
+            }
+            if let Some(Value::Object(string_data)) =
+                obj.as_object_mut().and_then(|o| o.remove("stringData"))
+            {
+                use base64::Engine as _;
+                if !obj["data"].is_object() {
+                    obj["data"] = json!({});
+                }
+                for (k, v) in string_data {
+                    let encoded = base64::engine::general_purpose::STANDARD
+                        .encode(v.as_str().unwrap_or_default());
+                    obj["data"][k] = json!(encoded);
+                }
+            }
+        }
+        "services" => {
+            if !obj["spec"].is_object() {
+                obj["spec"] = json!({});
+            }
+            let spec = &mut obj["spec"];
+            if spec["type"].is_null() {
+                spec["type"] = json!("ClusterIP");
+            }
+            if spec["clusterIP"].is_null() {
+                let ip = format!("10.96.{}.{}", (seq / 250) % 250, seq % 250 + 2);
+                spec["clusterIP"] = json!(ip);
+                spec["clusterIPs"] = json!([ip]);
+            }
+            if spec["sessionAffinity"].is_null() {
+                spec["sessionAffinity"] = json!("None");
+            }
+            if let Some(ports) = spec["ports"].as_array_mut() {
+                for p in ports {
+                    if p["protocol"].is_null() {
+                        p["protocol"] = json!("TCP");
+                    }
+                    if p["targetPort"].is_null() {
+                        p["targetPort"] = p["port"].clone();
+                    }
+                }
+            }
+            if obj["status"].is_null() {
+                obj["status"] = json!({"loadBalancer": {}});
+            }
+        }
+        "deployments" | "replicasets" => {
+            if !obj["spec"].is_object() {
+                obj["spec"] = json!({});
+            }
+            let spec = &mut obj["spec"];
+            if spec["replicas"].is_null() {
+                spec["replicas"] = json!(1);
+            }
+            if spec["revisionHistoryLimit"].is_null() && res.plural == "deployments" {
+                spec["revisionHistoryLimit"] = json!(10);
+                spec["progressDeadlineSeconds"] = json!(600);
+                if spec["strategy"].is_null() {
+                    spec["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}});
+                }
+            }
+        }
+        "pods" if obj["status"].is_null() => {
+            obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+        }
+        _ => {}
+    }
+}
+
+/// Sets the status a controller would converge to for a workload at once (no controller
+/// runs in the simulator): every desired replica ready and available.
+pub(crate) fn converge_status(res: &ResourceInfo, obj: &mut Value) {
+    if !matches!(res.plural, "deployments" | "replicasets") {
+        return;
+    }
+    let replicas = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+    let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+    let name = meta_str(obj, "name").unwrap_or_default().to_string();
+    let mut status = json!({
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "fullyLabeledReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+    });
+    if res.plural == "deployments" {
+        let t = now();
+        if let Some(s) = status.as_object_mut() {
+            s.remove("fullyLabeledReplicas");
+            s.insert("updatedReplicas".into(), json!(replicas));
+            s.insert("terminatingReplicas".into(), json!(0));
+            s.insert(
+                "conditions".into(),
+                json!([
+                    {"type": "Available", "status": "True", "lastUpdateTime": t, "lastTransitionTime": t,
+                     "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
+                    {"type": "Progressing", "status": "True", "lastUpdateTime": t, "lastTransitionTime": t,
+                     "reason": "NewReplicaSetAvailable", "message": format!("ReplicaSet \"{name}\" has successfully progressed.")}
+                ]),
+            );
+        }
+    }
+    if replicas == 0
+        && let Some(s) = status.as_object_mut()
+    {
+        s.remove("readyReplicas");
+        s.remove("availableReplicas");
+    }
+    obj["status"] = status;
+}
+
+/// Builds the `autoscaling/v1` `Scale` of a deployment or replica set.
+pub(crate) fn scale_of(obj: &Value) -> Value {
+    let meta = &obj["metadata"];
+    let selector = obj["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+            "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(1)},
+        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::by_plural;
+
+    #[test]
+    fn uid_looks_like_a_v4_uuid() {
+        let uid = new_uid();
+        assert_eq!(uid.len(), 36);
+        assert_eq!(&uid[14..15], "4");
+        assert_ne!(uid, new_uid());
+    }
+
+    #[test]
+    fn names_are_validated_per_kind() {
+        let cm = by_plural("configmaps").unwrap();
+        assert!(validate_name(cm, "a.b-c").is_ok());
+        assert_eq!(validate_name(cm, "Bad_Name").unwrap_err().code, 422);
+        assert_eq!(
+            validate_name(cm, "").unwrap_err().details.unwrap().causes[0].reason,
+            "FieldValueRequired"
+        );
+        let ns = by_plural("namespaces").unwrap();
+        assert!(validate_name(ns, "a.b").is_err());
+        let svc = by_plural("services").unwrap();
+        assert!(validate_name(svc, "1abc").is_err());
+        assert!(validate_name(svc, "abc-1").is_ok());
+    }
+
+    #[test]
+    fn scale_carries_replicas_and_selector() {
+        let dep = json!({"metadata": {"name": "web", "namespace": "demo", "resourceVersion": "7"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}}, "status": {"replicas": 2}});
+        let s = scale_of(&dep);
+        assert_eq!(s["spec"]["replicas"], 3);
+        assert_eq!(s["status"], json!({"replicas": 2, "selector": "app=web"}));
+        assert_eq!(s["metadata"]["resourceVersion"], "7");
+    }
+}
