@@ -1,0 +1,208 @@
+//! One account's cluster: its kube-rs client, what `Hello` says about it, and
+//! the raw discovery documents the sidecar serves as they are.
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use spinlink_proto::v1;
+use tracing::warn;
+
+use crate::config::AccountConfig;
+use crate::kinds::FIXED_KINDS;
+use crate::{Error, Result};
+
+/// Content type of the discovery documents the agent fetches.
+pub const JSON: &str = "application/json";
+
+/// A connected (in the kube-rs sense: configured) cluster.
+#[derive(Clone)]
+pub struct Cluster {
+    /// The account name.
+    pub account: String,
+    /// The client, with the account's credentials.
+    pub client: kube::Client,
+    /// The API server URL as the agent reaches it.
+    pub api_server: String,
+    /// SHA-256 (hex) of the first cluster CA certificate, empty when none.
+    pub ca_fingerprint: String,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("account", &self.account)
+            .field("api_server", &self.api_server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Builds the client from the account's kubeconfig or the in-cluster
+    /// service account.
+    pub async fn connect(account: &AccountConfig) -> Result<Self> {
+        let kube_config = match &account.kubeconfig_file {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::KubeConfig {
+                    account: account.name.clone(),
+                    message: format!("{}: {e}", path.display()),
+                })?;
+                let options = KubeConfigOptions {
+                    context: account.context.clone(),
+                    ..KubeConfigOptions::default()
+                };
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| Error::KubeConfig {
+                        account: account.name.clone(),
+                        message: format!("{}: {e}", path.display()),
+                    })?
+            }
+            None => kube::Config::incluster().map_err(|e| Error::KubeConfig {
+                account: account.name.clone(),
+                message: format!("in-cluster service account: {e}"),
+            })?,
+        };
+        let ca_fingerprint = kube_config
+            .root_cert
+            .as_ref()
+            .and_then(|certs| certs.first())
+            .map(|der| hex::encode(ring::digest::digest(&ring::digest::SHA256, der)))
+            .unwrap_or_default();
+        let api_server = kube_config.cluster_url.to_string();
+        let client = kube::Client::try_from(kube_config).map_err(|source| Error::Kube {
+            account: account.name.clone(),
+            source,
+        })?;
+        Ok(Self {
+            account: account.name.clone(),
+            client,
+            api_server,
+            ca_fingerprint,
+        })
+    }
+
+    /// What `Hello` states about this account. A cluster that cannot be
+    /// reached still gets announced, with an empty Kubernetes version.
+    pub async fn account_info(&self) -> v1::AccountInfo {
+        let kubernetes_version = match self.client.apiserver_version().await {
+            Ok(info) => info.git_version,
+            Err(e) => {
+                warn!(account = %self.account, error = %e, "reading /version failed");
+                String::new()
+            }
+        };
+        v1::AccountInfo {
+            name: self.account.clone(),
+            api_server: self.api_server.clone(),
+            ca_fingerprint: self.ca_fingerprint.clone(),
+            kubernetes_version,
+            kinds: FIXED_KINDS.iter().map(|k| k.gvr()).collect(),
+            namespaces: Vec::new(),
+            properties: Default::default(),
+        }
+    }
+
+    /// GETs `path` and returns the body when the status is 2xx.
+    pub async fn get_raw(&self, path: &str) -> Result<Bytes> {
+        let request = http::Request::get(path)
+            .header(http::header::ACCEPT, JSON)
+            .body(kube::client::Body::empty())
+            .map_err(|e| Error::Discovery {
+                account: self.account.clone(),
+                message: format!("{path}: {e}"),
+            })?;
+        let response = self
+            .client
+            .send(request)
+            .await
+            .map_err(|source| Error::Kube {
+                account: self.account.clone(),
+                source,
+            })?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|source| Error::Kube {
+                account: self.account.clone(),
+                source,
+            })?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(Error::Discovery {
+                account: self.account.clone(),
+                message: format!("{path}: HTTP {status}"),
+            });
+        }
+        Ok(body)
+    }
+
+    /// The discovery documents: `/version`, `/api`, `/api/v1`, `/apis` and
+    /// every `/apis/{group}/{version}` that `/apis` lists. A group version
+    /// that fails (an aggregated API that is down) is left out, with a
+    /// warning.
+    pub async fn discovery(&self) -> Result<v1::DiscoverySnapshot> {
+        let mut documents = Vec::new();
+        let mut doc = |path: &str, body: Bytes| {
+            documents.push(v1::Document {
+                path: path.to_owned(),
+                content_type: JSON.to_owned(),
+                body: body.to_vec(),
+            });
+        };
+        for path in ["/version", "/api", "/api/v1"] {
+            doc(path, self.get_raw(path).await?);
+        }
+        let apis = self.get_raw("/apis").await?;
+        let group_versions = group_versions(&apis).map_err(|e| Error::Discovery {
+            account: self.account.clone(),
+            message: format!("/apis: {e}"),
+        })?;
+        doc("/apis", apis);
+        for gv in group_versions {
+            let path = format!("/apis/{gv}");
+            match self.get_raw(&path).await {
+                Ok(body) => doc(&path, body),
+                Err(e) => {
+                    warn!(account = %self.account, %path, error = %e, "discovery document skipped")
+                }
+            }
+        }
+        Ok(v1::DiscoverySnapshot { documents })
+    }
+}
+
+/// The `group/version` strings an `APIGroupList` names.
+fn group_versions(apis: &[u8]) -> serde_json::Result<Vec<String>> {
+    let list: k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroupList =
+        serde_json::from_slice(apis)?;
+    let mut out = Vec::new();
+    for group in list.groups {
+        for version in group.versions {
+            if !out.contains(&version.group_version) {
+                out.push(version.group_version);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_versions_are_listed_once_each() {
+        let apis = br#"{"kind":"APIGroupList","apiVersion":"v1","groups":[
+            {"name":"apps","versions":[{"groupVersion":"apps/v1","version":"v1"}],
+             "preferredVersion":{"groupVersion":"apps/v1","version":"v1"}},
+            {"name":"batch","versions":[{"groupVersion":"batch/v1","version":"v1"},
+             {"groupVersion":"batch/v1beta1","version":"v1beta1"}]}]}"#;
+        assert_eq!(
+            group_versions(apis).unwrap(),
+            vec!["apps/v1", "batch/v1", "batch/v1beta1"]
+        );
+        assert!(group_versions(b"nope").is_err());
+    }
+}

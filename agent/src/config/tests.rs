@@ -1,0 +1,225 @@
+use super::*;
+
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["ca.crt", "agent.crt", "agent.key", "kubeconfig"] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn yaml(&self, accounts: &str) -> String {
+        format!(
+            "agentId: dev-agent\n\
+             gateway:\n  url: https://127.0.0.1:7443\n  caFile: {ca}\n  certFile: {crt}\n  keyFile: {key}\n\
+             kubernetes:\n  accounts:\n{accounts}",
+            ca = self.path("ca.crt"),
+            crt = self.path("agent.crt"),
+            key = self.path("agent.key"),
+        )
+    }
+
+    fn account(&self, name: &str) -> String {
+        format!(
+            "    - name: {name}\n      kubeconfigFile: {}\n",
+            self.path("kubeconfig")
+        )
+    }
+}
+
+#[test]
+fn full_example_parses_with_defaults() {
+    let f = Files::new();
+    let yaml = f.yaml(&f.account("dev"));
+    let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
+    assert_eq!(c.agent_id, "dev-agent");
+    assert_eq!(c.gateway.url, "https://127.0.0.1:7443");
+    assert_eq!(c.reconnect, ReconnectConfig::default());
+    assert_eq!(
+        c.reconnect.initial_backoff_millis,
+        DEFAULT_INITIAL_BACKOFF_MILLIS
+    );
+    assert_eq!(c.heartbeat_seconds, DEFAULT_HEARTBEAT_SECONDS);
+    assert_eq!(c.kubernetes.accounts.len(), 1);
+    assert_eq!(c.kubernetes.accounts[0].name, "dev");
+    assert!(!c.kubernetes.accounts[0].service_account);
+    assert_eq!(c.origin, "agent.yaml");
+}
+
+#[test]
+fn explicit_values_override_defaults() {
+    let f = Files::new();
+    let yaml = format!(
+        "{}reconnect:\n  initialBackoffMillis: 10\n  maxBackoffMillis: 20\nheartbeatSeconds: 5\n",
+        f.yaml(&f.account("dev"))
+    );
+    let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
+    assert_eq!(c.reconnect.initial(), Duration::from_millis(10));
+    assert_eq!(c.reconnect.max(), Duration::from_millis(20));
+    assert_eq!(c.heartbeat_seconds, 5);
+}
+
+#[test]
+fn unknown_key_is_named_with_origin() {
+    let f = Files::new();
+    let yaml = format!("{}heartbeatSecs: 5\n", f.yaml(&f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("heartbeatSecs"), "{err}");
+    assert!(err.contains("agent.yaml"), "{err}");
+
+    let yaml = f.yaml(&format!("{}      namespace: x\n", f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("namespace"), "{err}");
+}
+
+#[test]
+fn missing_account_name() {
+    let f = Files::new();
+    let yaml = f.yaml(&format!("    - kubeconfigFile: {}\n", f.path("kubeconfig")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kubernetes.accounts[0].name"), "{err}");
+    assert!(err.contains("required"), "{err}");
+}
+
+#[test]
+fn both_kubeconfig_and_service_account() {
+    let f = Files::new();
+    let yaml = f.yaml(&format!("{}      serviceAccount: true\n", f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kubernetes.accounts[0].kubeconfigFile"),
+        "{err}"
+    );
+    assert!(err.contains("not both"), "{err}");
+}
+
+#[test]
+fn neither_kubeconfig_nor_service_account() {
+    let f = Files::new();
+    let err = Config::from_yaml_str(&f.yaml("    - name: dev\n"), "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is required"), "{err}");
+}
+
+#[test]
+fn service_account_alone_is_fine() {
+    let f = Files::new();
+    let yaml = f.yaml("    - name: dev\n      serviceAccount: true\n");
+    assert!(Config::from_yaml_str(&yaml, "agent.yaml").is_ok());
+}
+
+#[test]
+fn duplicate_account_names() {
+    let f = Files::new();
+    let yaml = f.yaml(&format!("{}{}", f.account("dev"), f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kubernetes.accounts[1].name"), "{err}");
+    assert!(err.contains("duplicate"), "{err}");
+}
+
+#[test]
+fn missing_files_are_named() {
+    let f = Files::new();
+    let yaml = f
+        .yaml(&f.account("dev"))
+        .replace(&f.path("ca.crt"), "/nonexistent/ca.crt");
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gateway.caFile"), "{err}");
+    assert!(err.contains("/nonexistent/ca.crt"), "{err}");
+
+    let yaml = f
+        .yaml(&f.account("dev"))
+        .replace(&f.path("kubeconfig"), "/nonexistent/kc");
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kubernetes.accounts[0].kubeconfigFile"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_agent_id_and_url() {
+    let f = Files::new();
+    let yaml = f
+        .yaml(&f.account("dev"))
+        .replace("agentId: dev-agent\n", "");
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("agentId"), "{err}");
+
+    let yaml = f
+        .yaml(&f.account("dev"))
+        .replace("  url: https://127.0.0.1:7443\n", "");
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gateway.url"), "{err}");
+}
+
+#[test]
+fn plaintext_needs_insecure() {
+    let f = Files::new();
+    let yaml = f
+        .yaml(&f.account("dev"))
+        .replace("https://127.0.0.1:7443", "http://127.0.0.1:7443");
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("insecure"), "{err}");
+
+    let yaml = yaml.replace("gateway:\n", "gateway:\n  insecure: true\n");
+    assert!(Config::from_yaml_str(&yaml, "agent.yaml").is_ok());
+}
+
+#[test]
+fn backoff_bounds_are_checked() {
+    let f = Files::new();
+    let yaml = format!(
+        "{}reconnect:\n  initialBackoffMillis: 100\n  maxBackoffMillis: 10\n",
+        f.yaml(&f.account("dev"))
+    );
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reconnect.maxBackoffMillis"), "{err}");
+}
+
+#[test]
+fn from_file_names_the_file() {
+    let f = Files::new();
+    let path = f.dir.path().join("agent.yaml");
+    std::fs::write(&path, f.yaml(&f.account("dev")) + "bogus: 1\n").unwrap();
+    let err = Config::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("bogus"), "{err}");
+
+    let err = Config::from_file(&f.dir.path().join("nope.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nope.yaml"), "{err}");
+}

@@ -1,0 +1,320 @@
+//! The agent between kube-sim and a fake gateway: the initial sync of every
+//! kind, live events, relayed reads and watches, and Secret values never
+//! leaving the agent.
+
+mod common;
+
+use common::{FakeGateway, Records, all_bytes};
+use serde_json::json;
+use spinlink_agent::{AccountState, Agent, Config};
+use spinlink_kube_sim::{Server, Sim};
+use spinlink_proto::v1::{self, cache_up, relay_down, relay_up, watch_event};
+use tokio_util::sync::CancellationToken;
+
+/// Appears only inside Secret values; must never reach the gateway.
+const SENTINEL: &str = "S3NT1NEL-do-not-leak-7c41";
+/// base64 of [`SENTINEL`], as it sits in `data`.
+const SENTINEL_B64: &str = "UzNOVDFORUwtZG8tbm90LWxlYWstN2M0MQ==";
+
+fn sentinel_secret(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": "demo",
+            "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration":
+                    format!("{{\"stringData\":{{\"k\":\"{SENTINEL}\"}}}}")
+            }
+        },
+        "type": "Opaque",
+        "data": { "k": SENTINEL_B64 },
+    })
+}
+
+fn no_sentinel(r: &Records) {
+    let bytes = all_bytes(r);
+    assert!(!bytes.contains(SENTINEL), "sentinel leaked");
+    assert!(!bytes.contains(SENTINEL_B64), "base64 sentinel leaked");
+}
+
+fn events(r: &Records) -> Vec<(watch_event::Type, String, serde_json::Value)> {
+    r.cache_up
+        .iter()
+        .filter_map(|(_, m)| match &m.msg {
+            Some(cache_up::Msg::Event(e)) => Some((
+                e.r#type(),
+                e.kind
+                    .as_ref()
+                    .map(|k| k.resource.clone())
+                    .unwrap_or_default(),
+                serde_json::from_slice(&e.object).unwrap(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn has_event(r: &Records, ty: watch_event::Type, resource: &str, name: &str) -> bool {
+    events(r)
+        .iter()
+        .any(|(t, res, obj)| *t == ty && res == resource && obj["metadata"]["name"] == name)
+}
+
+/// The response to relayed request `id`: status, and the body if complete.
+fn response(r: &Records, id: u64) -> (Option<u32>, Vec<u8>, bool) {
+    let mut status = None;
+    let mut body = Vec::new();
+    let mut done = false;
+    for (_, m) in &r.relay_up {
+        match &m.msg {
+            Some(relay_up::Msg::Head(h)) if h.id == id => status = Some(h.status),
+            Some(relay_up::Msg::Body(c)) if c.id == id => {
+                body.extend_from_slice(&c.data);
+                done |= c.end_stream;
+            }
+            Some(relay_up::Msg::Error(e)) if e.id == id => panic!("request {id} failed: {e:?}"),
+            _ => {}
+        }
+    }
+    (status, body, done)
+}
+
+fn get(id: u64, path: &str, query: &str) -> v1::RelayDown {
+    v1::RelayDown {
+        msg: Some(relay_down::Msg::Head(v1::RequestHead {
+            id,
+            method: "GET".into(),
+            path: path.into(),
+            query: query.into(),
+            headers: vec![v1::Header {
+                name: "Accept".into(),
+                value: b"application/json".to_vec(),
+            }],
+            deadline_unix_millis: 0,
+            end_stream: true,
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_events_relay_and_no_secret_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::with_demo_workload();
+    sim.create(sentinel_secret("sentinel")).unwrap();
+    let server = Server::bind(sim.clone(), "127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let kubeconfig = dir.path().join("sim.kubeconfig");
+    spinlink_kube_sim::write_kubeconfig(&kubeconfig, &server.url(), "sim", None).unwrap();
+    let sim_stop = CancellationToken::new();
+    let sim_task = tokio::spawn(server.run(sim_stop.clone()));
+
+    let gw = FakeGateway::start(&dir.path().join("pki")).await;
+    let config =
+        Config::from_yaml_str(&gw.agent_yaml(&[("dev", &kubeconfig)]), "test.yaml").unwrap();
+    let agent = Agent::new(config).unwrap();
+    let mut state = agent.state();
+    let shutdown = CancellationToken::new();
+    let agent_task = tokio::spawn(agent.run(shutdown.clone()));
+
+    // Initial sync: discovery, then SyncStart … SyncEnd for each of the 8 kinds.
+    gw.wait_for("SyncEnd for 8 kinds", |r| {
+        r.cache_up
+            .iter()
+            .filter(|(_, m)| matches!(m.msg, Some(cache_up::Msg::SyncEnd(_))))
+            .count()
+            >= 8
+    })
+    .await;
+    state
+        .wait_for(|s| s.accounts.get("dev") == Some(&AccountState::Synced))
+        .await
+        .unwrap();
+    gw.with(|r| {
+        let kinds = |want: fn(&cache_up::Msg) -> Option<&v1::Kind>| {
+            let mut v: Vec<String> = r
+                .cache_up
+                .iter()
+                .filter_map(|(_, m)| m.msg.as_ref().and_then(want))
+                .map(|k| format!("{}/{}/{}", k.group, k.version, k.resource))
+                .collect();
+            v.sort();
+            v
+        };
+        let expected = vec![
+            "/v1/configmaps",
+            "/v1/events",
+            "/v1/namespaces",
+            "/v1/pods",
+            "/v1/secrets",
+            "/v1/services",
+            "apps/v1/deployments",
+            "apps/v1/replicasets",
+        ];
+        assert_eq!(
+            kinds(|m| match m {
+                cache_up::Msg::SyncStart(s) => s.kind.as_ref(),
+                _ => None,
+            }),
+            expected
+        );
+        assert_eq!(
+            kinds(|m| match m {
+                cache_up::Msg::SyncEnd(s) => s.kind.as_ref(),
+                _ => None,
+            }),
+            expected
+        );
+        for (_, m) in &r.cache_up {
+            if let Some(cache_up::Msg::SyncEnd(end)) = &m.msg {
+                assert!(!end.resource_version.is_empty(), "{end:?}");
+            }
+        }
+
+        // Discovery came first after open.
+        let Some(cache_up::Msg::Discovery(d)) = &r.cache_up[1].1.msg else {
+            panic!("second message {:?}", r.cache_up[1].1)
+        };
+        let paths: Vec<_> = d.documents.iter().map(|d| d.path.as_str()).collect();
+        for p in ["/version", "/api", "/api/v1", "/apis", "/apis/apps/v1"] {
+            assert!(paths.contains(&p), "{p} missing from {paths:?}");
+        }
+        assert!(
+            d.documents
+                .iter()
+                .all(|d| d.content_type == "application/json")
+        );
+
+        // Listed objects arrive as ADDED with apiVersion/kind filled in.
+        let web = events(r)
+            .into_iter()
+            .find(|(t, res, o)| {
+                *t == watch_event::Type::Added
+                    && res == "deployments"
+                    && o["metadata"]["name"] == "web"
+            })
+            .expect("deployment web");
+        assert_eq!(web.2["apiVersion"], "apps/v1");
+        assert_eq!(web.2["kind"], "Deployment");
+        assert!(has_event(
+            r,
+            watch_event::Type::Added,
+            "secrets",
+            "sentinel"
+        ));
+        assert!(has_event(
+            r,
+            watch_event::Type::Added,
+            "configmaps",
+            "app-config"
+        ));
+
+        let seqs: Vec<u64> = r.cache_up.iter().map(|(_, m)| m.seq).collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        no_sentinel(r);
+    });
+
+    // Changes after the sync arrive as events.
+    sim.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "after-sync", "namespace": "demo"}, "data": {"x": "1"}}))
+        .unwrap();
+    gw.wait_for("event for after-sync", |r| {
+        has_event(r, watch_event::Type::Modified, "configmaps", "after-sync")
+    })
+    .await;
+    sim.delete("configmaps", Some("demo"), "after-sync")
+        .unwrap();
+    gw.wait_for("delete of after-sync", |r| {
+        has_event(r, watch_event::Type::Deleted, "configmaps", "after-sync")
+    })
+    .await;
+    sim.create(sentinel_secret("sentinel-late")).unwrap();
+    gw.wait_for("event for sentinel-late", |r| {
+        has_event(r, watch_event::Type::Modified, "secrets", "sentinel-late")
+    })
+    .await;
+
+    // Relayed GET of an object.
+    gw.relay_down(
+        "dev",
+        get(1, "/api/v1/namespaces/demo/configmaps/app-config", ""),
+    )
+    .await;
+    gw.wait_for("GET response", |r| response(r, 1).2).await;
+    gw.with(|r| {
+        let (status, body, _) = response(r, 1);
+        assert_eq!(status, Some(200));
+        let obj: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(obj["metadata"]["name"], "app-config");
+        assert_eq!(obj["data"]["mode"], "prod");
+    });
+
+    // Relayed GET and LIST of Secrets come back without values.
+    gw.relay_down(
+        "dev",
+        get(2, "/api/v1/namespaces/demo/secrets/sentinel", ""),
+    )
+    .await;
+    gw.relay_down("dev", get(3, "/api/v1/secrets", "")).await;
+    gw.wait_for("secret responses", |r| response(r, 2).2 && response(r, 3).2)
+        .await;
+    gw.with(|r| {
+        let (status, body, _) = response(r, 2);
+        assert_eq!(status, Some(200));
+        let obj: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(obj["metadata"]["name"], "sentinel");
+        assert!(obj.get("data").is_none());
+        let (_, body, _) = response(r, 3);
+        let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(list["items"].as_array().unwrap().len() >= 3, "{list}");
+        no_sentinel(r);
+    });
+
+    // Relayed watches stream events as they happen; secrets ones scrubbed.
+    gw.relay_down(
+        "dev",
+        get(4, "/api/v1/namespaces/demo/configmaps", "watch=true"),
+    )
+    .await;
+    gw.relay_down("dev", get(5, "/api/v1/namespaces/demo/secrets", "watch=1"))
+        .await;
+    gw.wait_for("watch heads", |r| {
+        response(r, 4).0.is_some() && response(r, 5).0.is_some()
+    })
+    .await;
+    sim.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "watched", "namespace": "demo"}}))
+        .unwrap();
+    sim.create(sentinel_secret("sentinel-watched")).unwrap();
+    gw.wait_for("watched objects in the relayed watches", |r| {
+        String::from_utf8_lossy(&response(r, 4).1).contains("\"watched\"")
+            && String::from_utf8_lossy(&response(r, 5).1).contains("sentinel-watched")
+    })
+    .await;
+    gw.with(|r| {
+        assert!(!response(r, 4).2, "a watch does not end by itself");
+        no_sentinel(r);
+    });
+    gw.relay_down(
+        "dev",
+        v1::RelayDown {
+            msg: Some(relay_down::Msg::Cancel(v1::Cancel { id: 4 })),
+        },
+    )
+    .await;
+
+    // Still nothing leaked, in anything recorded.
+    gw.with(no_sentinel);
+
+    shutdown.cancel();
+    tokio::time::timeout(common::WAIT, agent_task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    sim_stop.cancel();
+    let _ = tokio::time::timeout(common::WAIT, sim_task).await;
+    gw.stop().await;
+}

@@ -1,0 +1,214 @@
+//! The agent against a fake gateway, with clusters that cannot be reached:
+//! Hello, stream opening and metadata, refusals, token renewal, reconnects.
+
+mod common;
+
+use common::{FakeGateway, write_plain_kubeconfig};
+use spinlink_agent::{AccountState, Agent, Config};
+use spinlink_proto::v1::{self, cache_up, relay_down, relay_up};
+use tokio_util::sync::CancellationToken;
+
+/// A port nothing listens on: the cluster is unreachable.
+const DEAD_CLUSTER: &str = "http://127.0.0.1:9";
+
+struct Running {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<spinlink_agent::Result<()>>,
+    state: tokio::sync::watch::Receiver<spinlink_agent::AgentState>,
+}
+
+fn start_agent(yaml: &str) -> Running {
+    let config = Config::from_yaml_str(yaml, "test.yaml").unwrap();
+    let agent = Agent::new(config).unwrap();
+    let state = agent.state();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(agent.run(shutdown.clone()));
+    Running {
+        shutdown,
+        task,
+        state,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(common::WAIT, self.task).await;
+        result.expect("agent stops").unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn hello_streams_metadata_and_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.refuse("other");
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let other = write_plain_kubeconfig(&dir.path().join("other.kubeconfig"), DEAD_CLUSTER);
+    let mut agent = start_agent(&gw.agent_yaml(&[("dev", &dev), ("other", &other)]));
+
+    gw.wait_for("both streams of dev", |r| r.streams.len() >= 2)
+        .await;
+    gw.wait_for("open on both streams", |r| {
+        !r.cache_up.is_empty() && !r.relay_up.is_empty()
+    })
+    .await;
+
+    gw.with(|r| {
+        let (_, hello) = &r.hellos[0];
+        assert_eq!(hello.agent_id, "a1");
+        assert_eq!(hello.agent_version, env!("CARGO_PKG_VERSION"));
+        let names: Vec<_> = hello.accounts.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, vec!["dev", "other"]);
+        let dev = &hello.accounts[0];
+        assert!(
+            dev.api_server.starts_with("http://127.0.0.1:9"),
+            "{}",
+            dev.api_server
+        );
+        assert!(dev.kinds.contains(&"/v1/pods".to_owned()));
+        assert!(dev.kinds.contains(&"apps/v1/deployments".to_owned()));
+        assert_eq!(dev.kinds.len(), 8);
+
+        for s in &r.streams {
+            assert_eq!(s.account.as_deref(), Some("dev"), "{s:?}");
+            assert!(s.token_valid, "token bound to the connection: {s:?}");
+        }
+        let methods: Vec<_> = r.streams.iter().map(|s| s.method).collect();
+        assert!(methods.contains(&"cache") && methods.contains(&"relay"));
+        assert!(r.bad_first.is_empty(), "{:?}", r.bad_first);
+        let (account, first) = &r.cache_up[0];
+        assert_eq!(account, "dev");
+        assert_eq!(first.seq, 1);
+        let Some(cache_up::Msg::Open(open)) = &first.msg else {
+            panic!("first cache message {first:?}")
+        };
+        assert_eq!(
+            (open.account.as_str(), open.agent_id.as_str()),
+            ("dev", "a1")
+        );
+        let Some(relay_up::Msg::Open(open)) = &r.relay_up[0].1.msg else {
+            panic!("first relay message")
+        };
+        assert_eq!(open.account, "dev");
+    });
+
+    // The refused account retried Hello, alone, and never opened a stream.
+    gw.wait_for("a Hello retry for the refused account", |r| {
+        r.hellos
+            .iter()
+            .skip(1)
+            .any(|(_, h)| h.accounts.iter().any(|a| a.name == "other"))
+    })
+    .await;
+    gw.with(|r| {
+        assert!(
+            r.streams
+                .iter()
+                .all(|s| s.account.as_deref() != Some("other"))
+        );
+        let retry = &r.hellos[1].1;
+        assert_eq!(retry.accounts.len(), 1);
+    });
+    let state = agent
+        .state
+        .wait_for(|s| s.connected && s.accounts.contains_key("other"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(
+        state.accounts.get("other"),
+        Some(&AccountState::Refused("not yours".into()))
+    );
+    assert!(matches!(
+        state.accounts.get("dev"),
+        Some(AccountState::Streaming)
+    ));
+
+    // Heartbeats arrive, with sequence numbers increasing by one.
+    gw.wait_for("a heartbeat", |r| {
+        r.cache_up
+            .iter()
+            .any(|(_, m)| matches!(m.msg, Some(cache_up::Msg::Heartbeat(_))))
+    })
+    .await;
+    gw.with(|r| {
+        let seqs: Vec<u64> = r.cache_up.iter().map(|(_, m)| m.seq).collect();
+        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+        assert_eq!(seqs, expected);
+    });
+
+    // A relayed request against an unreachable cluster fails with 502.
+    gw.relay_down(
+        "dev",
+        v1::RelayDown {
+            msg: Some(relay_down::Msg::Head(v1::RequestHead {
+                id: 41,
+                method: "GET".into(),
+                path: "/api/v1/namespaces".into(),
+                end_stream: true,
+                ..Default::default()
+            })),
+        },
+    )
+    .await;
+    gw.wait_for("relay error 502", |r| {
+        r.relay_up.iter().any(|(_, m)| {
+            matches!(&m.msg, Some(relay_up::Msg::Error(e)) if e.id == 41 && e.status == 502)
+        })
+    })
+    .await;
+
+    agent.stop().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn short_lived_tokens_are_renewed_before_opening() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.token_ttl(10); // under the 30 s renewal margin
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
+    gw.wait_for("both streams", |r| r.streams.len() >= 2).await;
+    gw.with(|r| {
+        // One Hello for all, then one renewal per stream opened.
+        assert!(r.hellos.len() >= 3, "{}", r.hellos.len());
+        assert!(r.streams.iter().all(|s| s.token_valid));
+        let first_token = r.streams[0].token.clone();
+        assert!(r.streams.iter().all(|s| s.token != Some(String::new())));
+        assert!(first_token.is_some());
+    });
+    agent.stop().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn reconnects_when_the_gateway_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    let addr = gw.addr;
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let mut agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
+    gw.wait_for("streams", |r| r.streams.len() >= 2).await;
+    agent.state.wait_for(|s| s.connected).await.unwrap();
+    let seq_before = gw.with(|r| r.cache_up.last().map(|(_, m)| m.seq).unwrap());
+
+    gw.stop().await;
+    agent.state.wait_for(|s| !s.connected).await.unwrap();
+
+    let gw = FakeGateway::start_on(dir.path(), addr).await;
+    gw.wait_for("streams again", |r| r.streams.len() >= 2).await;
+    agent.state.wait_for(|s| s.connected).await.unwrap();
+    gw.wait_for("open on the new cache stream", |r| !r.cache_up.is_empty())
+        .await;
+    gw.with(|r| {
+        assert!(r.streams.iter().all(|s| s.token_valid));
+        let (_, open) = &r.cache_up[0];
+        assert!(matches!(open.msg, Some(cache_up::Msg::Open(_))));
+        // Sequence numbers continue across streams.
+        assert!(open.seq > seq_before, "{} <= {seq_before}", open.seq);
+    });
+    agent.stop().await;
+    gw.stop().await;
+}
