@@ -1,1 +1,87 @@
-//! placeholder
+//! spinlink gateway: the mTLS edge that agents dial.
+//!
+//! A request's path through the crate follows the folders:
+//! [`listener`] accepts TCP, terminates mTLS and serves HTTP/2 per connection,
+//! naming the peer ([`identity`]) and the connection (its TLS binding);
+//! [`tunnel`] routes each stream by gRPC path — `Hello` is answered here with
+//! channel tokens ([`token`]) for the accounts the [`identity::Policy`] allows,
+//! `Cache` and `Relay` streams are checked against their token and carried byte
+//! for byte to the sidecar [`route`] picks, over the pooled HTTP/2 connections of
+//! [`upstream`]. [`admin`] holds the counters an admin port will export.
+//!
+//! Start with [`Gateway::bind`] and [`Config`].
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+mod gateway;
+pub mod identity;
+pub mod listener;
+pub mod route;
+pub mod token;
+pub mod tunnel;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use config::Config;
+pub use gateway::Gateway;
+
+/// Why the gateway could not be configured, started or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file could not be read.
+    #[error("reading config {path}: {source}")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is not valid YAML of the expected shape (the message
+    /// names the offending key and its line).
+    #[error("config {origin}: {source}")]
+    ParseConfig {
+        /// The file (or other origin) the YAML came from.
+        origin: String,
+        /// The parser's error.
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// A configuration value is not acceptable.
+    #[error("config {origin}: `{key}`: {message}")]
+    InvalidConfig {
+        /// The file (or other origin) the YAML came from.
+        origin: String,
+        /// The key, as written in YAML (e.g. `policy[0].identities[1]`).
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A TLS certificate, key or bundle could not be loaded.
+    #[error("TLS setup for {what}: {source}")]
+    Tls {
+        /// Which TLS configuration failed (`tls`, `upstreamTls`).
+        what: &'static str,
+        /// The TLS error.
+        #[source]
+        source: spinlink_tls::Error,
+    },
+    /// The channel token key could not be generated.
+    #[error(transparent)]
+    Token(#[from] token::Error),
+    /// The listen address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

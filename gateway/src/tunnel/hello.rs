@@ -1,0 +1,228 @@
+//! `Hello`, answered by the gateway: for each account the agent offers, a
+//! channel token if the policy lets the agent's identity serve it, else a
+//! refusal with the reason. The other `Tunnel` methods never reach this
+//! service (the router sends them to the proxy) and answer `Unimplemented`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use spinlink_proto::v1::tunnel_server::Tunnel;
+use spinlink_proto::v1::{
+    CacheDown, CacheUp, ChannelGrant, ChannelRefusal, HelloRequest, HelloResponse, RelayDown,
+    RelayUp,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::Shared;
+use crate::admin::Counter;
+use crate::identity::AgentPeer;
+use crate::token::Claims;
+
+/// Most accounts one `Hello` may offer: a bound on the work one request makes.
+pub const MAX_ACCOUNTS_PER_HELLO: usize = 10_000;
+
+/// The `Tunnel` implementation that serves `Hello`.
+#[derive(Debug)]
+pub struct HelloService {
+    shared: Arc<Shared>,
+}
+
+impl HelloService {
+    /// A service over the gateway's shared state.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Answers `request` for `peer` at `now`.
+    pub fn answer(
+        &self,
+        peer: &AgentPeer,
+        request: &HelloRequest,
+        now: SystemTime,
+    ) -> Result<HelloResponse, Status> {
+        let shared = &self.shared;
+        if request.accounts.len() > MAX_ACCOUNTS_PER_HELLO {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_ACCOUNTS_PER_HELLO} accounts per Hello"
+            )));
+        }
+        let identity = &*peer.identity;
+        let mut response = HelloResponse {
+            gateway_id: shared.gateway_id.clone(),
+            ..HelloResponse::default()
+        };
+        let mut seen = HashSet::new();
+        for account in &request.accounts {
+            let name = account.name.as_str();
+            let refusal = if name.is_empty() {
+                Some("empty account name".to_owned())
+            } else if !seen.insert(name) {
+                Some(format!("account {name} offered twice"))
+            } else if !shared.policy.allows(identity, name) {
+                Some(format!("identity {identity} may not serve account {name}"))
+            } else {
+                None
+            };
+            if let Some(reason) = refusal {
+                tracing::warn!(
+                    agent_id = %request.agent_id,
+                    identity,
+                    account = name,
+                    reason = %reason,
+                    "account refused"
+                );
+                response.refused.push(ChannelRefusal {
+                    account: name.to_owned(),
+                    reason,
+                });
+                continue;
+            }
+            let claims = Claims {
+                binding: &peer.binding,
+                identity,
+                account: name,
+            };
+            let (token, expiry) = shared
+                .tokens
+                .issue(claims, now, shared.token_ttl)
+                .map_err(|e| Status::internal(e.to_string()))?;
+            response.granted.push(ChannelGrant {
+                account: name.to_owned(),
+                token: token.into_string(),
+                expires_at_unix: i64::try_from(expiry).unwrap_or(i64::MAX),
+            });
+        }
+        shared
+            .stats
+            .add(Counter::AccountsGranted, response.granted.len() as u64);
+        shared
+            .stats
+            .add(Counter::AccountsRefused, response.refused.len() as u64);
+        tracing::info!(
+            agent_id = %request.agent_id,
+            agent_version = %request.agent_version,
+            identity,
+            remote = %peer.remote,
+            granted = response.granted.len(),
+            refused = response.refused.len(),
+            "hello"
+        );
+        Ok(response)
+    }
+}
+
+type Unserved<T> = futures::stream::Empty<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl Tunnel for HelloService {
+    async fn hello(
+        &self,
+        request: Request<HelloRequest>,
+    ) -> Result<Response<HelloResponse>, Status> {
+        let Some(peer) = request.extensions().get::<AgentPeer>().cloned() else {
+            // The router always attaches the peer; without one nobody was
+            // authenticated.
+            return Err(Status::unauthenticated("no agent identity"));
+        };
+        self.answer(&peer, request.get_ref(), SystemTime::now())
+            .map(Response::new)
+    }
+
+    type CacheStream = Unserved<CacheDown>;
+
+    async fn cache(
+        &self,
+        _request: Request<Streaming<CacheUp>>,
+    ) -> Result<Response<Self::CacheStream>, Status> {
+        Err(Status::unimplemented("Cache is carried to a sidecar"))
+    }
+
+    type RelayStream = Unserved<RelayDown>;
+
+    async fn relay(
+        &self,
+        _request: Request<Streaming<RelayUp>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        Err(Status::unimplemented("Relay is carried to a sidecar"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use spinlink_proto::v1::AccountInfo;
+    use spinlink_tls::binding::ConnectionBinding;
+
+    use super::*;
+    use crate::admin::Stats;
+    use crate::config::PolicyRule;
+    use crate::identity::Policy;
+    use crate::token::TokenKey;
+
+    fn service() -> HelloService {
+        let policy = Policy::compile(&[PolicyRule {
+            identities: vec!["spiffe://spinlink.dev/agent/*".into()],
+            accounts: vec!["dev-*".into(), "staging".into()],
+        }])
+        .unwrap();
+        HelloService::new(Arc::new(Shared {
+            gateway_id: "gw-test".into(),
+            policy,
+            tokens: TokenKey::generate().unwrap(),
+            token_ttl: Duration::from_secs(60),
+            upstreams: Vec::new(),
+            stats: Arc::new(Stats::default()),
+        }))
+    }
+
+    fn account(name: &str) -> AccountInfo {
+        AccountInfo {
+            name: name.into(),
+            ..AccountInfo::default()
+        }
+    }
+
+    #[test]
+    fn grants_allowed_and_refuses_others_with_reason() {
+        let svc = service();
+        let peer = AgentPeer {
+            identity: "spiffe://spinlink.dev/agent/a1".into(),
+            binding: ConnectionBinding([1; 32]),
+            remote: "127.0.0.1:1".parse().unwrap(),
+        };
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let req = HelloRequest {
+            agent_id: "a1".into(),
+            agent_version: "test".into(),
+            accounts: vec![
+                account("dev-1"),
+                account("prod"),
+                account("staging"),
+                account(""),
+                account("dev-1"),
+            ],
+        };
+        let resp = svc.answer(&peer, &req, now).unwrap();
+        assert_eq!(resp.gateway_id, "gw-test");
+        let granted: Vec<_> = resp.granted.iter().map(|g| g.account.as_str()).collect();
+        assert_eq!(granted, ["dev-1", "staging"]);
+        assert!(resp.granted.iter().all(|g| g.expires_at_unix == 1_060));
+        let refused: Vec<_> = resp.refused.iter().map(|r| r.account.as_str()).collect();
+        assert_eq!(refused, ["prod", "", "dev-1"]);
+        assert_eq!(
+            resp.refused[0].reason,
+            "identity spiffe://spinlink.dev/agent/a1 may not serve account prod"
+        );
+        let g = &resp.granted[0];
+        let claims = Claims {
+            binding: &peer.binding,
+            identity: &peer.identity,
+            account: "dev-1",
+        };
+        assert!(svc.shared.tokens.verify(&g.token, claims, now).is_ok());
+        let stats = svc.shared.stats.snapshot();
+        assert_eq!((stats.accounts_granted, stats.accounts_refused), (2, 3));
+    }
+}

@@ -1,0 +1,275 @@
+//! `Cache` and `Relay`: the stream's channel token is checked against this
+//! connection, identity and the claimed account before anything is opened
+//! upstream; then the stream is carried byte for byte (no protobuf decoding)
+//! to the sidecar [`crate::route`] picks, with the gateway's verified headers
+//! in place of anything the agent claimed. The response — status, headers,
+//! streaming body and trailers — goes back as the sidecar sent it.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use spinlink_proto::headers;
+use tonic::Status;
+use tonic::body::Body;
+
+use super::{Shared, status};
+use crate::admin::Counter;
+use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
+use crate::route;
+use crate::token::Claims;
+use crate::upstream::{BoxError, RequestBody, Target};
+
+/// Headers that describe one hop, not the message, and are never forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HOST,
+];
+
+/// Checks and carries one `Cache` or `Relay` stream.
+pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) -> Response<Body> {
+    let identity = &*peer.identity;
+    let method = req.uri().path().to_owned();
+    // One value each: a second `spinlink-account` would reach the sidecar
+    // unchecked beside the verified one.
+    for name in [headers::ACCOUNT, headers::TOKEN] {
+        if req.headers().get_all(name).iter().nth(1).is_some() {
+            return refuse(
+                shared,
+                peer,
+                "",
+                &method,
+                &format!("more than one {name} header"),
+            );
+        }
+    }
+    let Some(account) = header_str(req.headers(), headers::ACCOUNT) else {
+        return refuse(shared, peer, "", &method, "missing spinlink-account header");
+    };
+    let account = account.to_owned();
+    let Some(token) = header_str(req.headers(), headers::TOKEN) else {
+        return refuse(
+            shared,
+            peer,
+            &account,
+            &method,
+            "missing spinlink-token header",
+        );
+    };
+    let claims = Claims {
+        binding: &peer.binding,
+        identity,
+        account: &account,
+    };
+    if let Err(refused) = shared.tokens.verify(token, claims, SystemTime::now()) {
+        return refuse(shared, peer, &account, &method, &refused.to_string());
+    }
+
+    let Some(upstream) = route::choose(shared.upstreams.iter().map(|u| u.target().url()), &account)
+        .and_then(|i| shared.upstreams.get(i))
+    else {
+        shared.stats.incr(Counter::UpstreamUnavailable);
+        return status::unavailable("no upstream configured");
+    };
+    let upstream_req = match upstream_request(req, upstream.target(), identity, &account) {
+        Ok(r) => r,
+        Err(message) => {
+            tracing::warn!(identity, account, method, message, "stream not forwardable");
+            return status::internal(message);
+        }
+    };
+    match upstream.send(upstream_req).await {
+        Ok(response) => {
+            shared.stats.incr(Counter::StreamsForwarded);
+            tracing::info!(
+                identity,
+                account,
+                method,
+                upstream = upstream.target().url(),
+                status = response.status().as_u16(),
+                "stream forwarded"
+            );
+            let url = upstream.target().url().to_owned();
+            response.map(|body| {
+                Body::new(UpstreamBody {
+                    inner: body,
+                    url,
+                    failed: false,
+                })
+            })
+        }
+        Err(e) => {
+            shared.stats.incr(Counter::UpstreamUnavailable);
+            tracing::warn!(identity, account, method, error = %e, "upstream unavailable");
+            status::unavailable(format!("upstream {} unavailable", upstream.target().url()))
+        }
+    }
+}
+
+fn refuse(
+    shared: &Shared,
+    peer: &AgentPeer,
+    account: &str,
+    method: &str,
+    reason: &str,
+) -> Response<Body> {
+    shared.stats.incr(Counter::StreamsRefused);
+    // The token itself is never logged, only why it was refused.
+    tracing::warn!(
+        identity = &*peer.identity,
+        account,
+        method,
+        remote = %peer.remote,
+        reason,
+        "stream refused"
+    );
+    status::unauthenticated(reason.to_owned())
+}
+
+fn header_str<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    map.get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether an agent header is dropped on the way upstream.
+fn dropped(name: &HeaderName, value: &HeaderValue, listed: &[HeaderName]) -> bool {
+    let n = name.as_str();
+    HOP_BY_HOP.contains(name)
+        || listed.contains(name)
+        // gRPC sends `te: trailers`, the one TE value HTTP/2 allows.
+        || (name == header::TE && value.as_bytes() != b"trailers")
+        || n == headers::TOKEN
+        || n == DEV_IDENTITY_HEADER
+        || n.starts_with(headers::VERIFIED_PREFIX)
+}
+
+/// The request the sidecar gets: same method, path and body; the upstream's
+/// scheme and authority; the agent's headers minus hop-by-hop ones, the token
+/// and any `spinlink-verified-*` claims; the gateway's verified headers added.
+fn upstream_request(
+    req: Request<Incoming>,
+    target: &Target,
+    identity: &str,
+    account: &str,
+) -> Result<Request<RequestBody>, String> {
+    let (parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let uri = Uri::builder()
+        .scheme(target.scheme().clone())
+        .authority(target.authority().clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| format!("building upstream URI: {e}"))?;
+    // Names the `Connection` header lists are hop-by-hop as well.
+    let listed: Vec<HeaderName> = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .collect();
+    let mut out = HeaderMap::with_capacity(parts.headers.len() + 2);
+    for (name, value) in &parts.headers {
+        if !dropped(name, value, &listed) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    let value = |v: &str| {
+        HeaderValue::from_str(v).map_err(|_| format!("{v:?} cannot be sent as a header value"))
+    };
+    out.insert(headers::VERIFIED_IDENTITY, value(identity)?);
+    out.insert(headers::VERIFIED_ACCOUNT, value(account)?);
+
+    let body: RequestBody = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
+    let mut upstream = Request::new(body);
+    *upstream.method_mut() = parts.method;
+    *upstream.uri_mut() = uri;
+    *upstream.version_mut() = Version::HTTP_2;
+    *upstream.headers_mut() = out;
+    Ok(upstream)
+}
+
+/// The sidecar's response body, passed through frame by frame. If the
+/// upstream stream breaks midway the agent gets `Unavailable` trailers rather
+/// than a bare reset, so it can tell "sidecar gone" from "gateway bug".
+struct UpstreamBody {
+    inner: Incoming,
+    url: String,
+    failed: bool,
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(e))) => {
+                self.failed = true;
+                tracing::info!(upstream = %self.url, error = %e, "upstream stream broke");
+                let trailers = status::trailers(&Status::unavailable("upstream stream broke"));
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_hop_by_hop_token_and_claims() {
+        let keep = |n: &str, v: &str| {
+            !dropped(
+                &HeaderName::try_from(n).unwrap(),
+                &HeaderValue::from_str(v).unwrap(),
+                &[HeaderName::from_static("x-listed")],
+            )
+        };
+        assert!(keep("content-type", "application/grpc"));
+        assert!(keep("te", "trailers"));
+        assert!(keep("spinlink-account", "dev"));
+        assert!(keep("grpc-timeout", "1S"));
+        assert!(!keep("te", "gzip"));
+        assert!(!keep("spinlink-token", "x"));
+        assert!(!keep("spinlink-verified-identity", "forged"));
+        assert!(!keep("spinlink-verified-anything", "forged"));
+        assert!(!keep("spinlink-dev-identity", "forged"));
+        assert!(!keep("connection", "x-listed"));
+        assert!(!keep("x-listed", "1"));
+        assert!(!keep("host", "evil"));
+    }
+}

@@ -1,0 +1,416 @@
+//! Shared fixtures for the gateway's integration tests: the development PKI,
+//! a fake sidecar (a tonic `Tunnel` server over h2c or mTLS that records what
+//! reaches it), a gateway started from YAML, and agent channels over one
+//! dedicated TLS connection each.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http::HeaderMap;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use spinlink_gateway::admin::Stats;
+use spinlink_gateway::{Config, Gateway};
+use spinlink_proto::headers;
+use spinlink_proto::v1::tunnel_client::TunnelClient;
+use spinlink_proto::v1::tunnel_server::{Tunnel, TunnelServer};
+use spinlink_proto::v1::{
+    AccountInfo, Ack, CacheDown, CacheUp, HelloRequest, HelloResponse, RelayDown, RelayUp,
+    cache_down, relay_down,
+};
+use spinlink_tls::config::{
+    ALPN_H2, ClientAuth, ClientFiles, ServerFiles, client_config, server_config,
+};
+use spinlink_tls::dev::DevPki;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Upper bound for anything a test waits for; a hang fails instead of blocking.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub const A1: &str = "spiffe://spinlink.dev/agent/a1";
+
+/// A development PKI in a temporary directory.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    pub pki: DevPki,
+}
+
+pub fn pki() -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = DevPki::ensure(dir.path(), &["a1", "a2"]).unwrap();
+    Pki { dir, pki }
+}
+
+/// One stream as the fake sidecar saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: &'static str,
+    pub headers: HeaderMap,
+}
+
+/// What the fake sidecar recorded.
+#[derive(Debug, Default)]
+pub struct Record {
+    pub streams: Vec<Seen>,
+    pub messages: usize,
+    /// Identity of the client certificate of each TLS connection.
+    pub tls_peers: Vec<String>,
+    pub connections: usize,
+}
+
+#[derive(Clone)]
+struct FakeTunnel {
+    record: Arc<Mutex<Record>>,
+}
+
+type DownStream<T> = ReceiverStream<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl Tunnel for FakeTunnel {
+    async fn hello(&self, _r: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
+        Err(Status::internal("the sidecar never answers Hello"))
+    }
+
+    type CacheStream = DownStream<CacheDown>;
+
+    async fn cache(
+        &self,
+        request: Request<Streaming<CacheUp>>,
+    ) -> Result<Response<Self::CacheStream>, Status> {
+        self.record.lock().unwrap().streams.push(Seen {
+            method: "Cache",
+            headers: request.metadata().clone().into_headers(),
+        });
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let record = self.record.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(up)) = inbound.next().await {
+                record.lock().unwrap().messages += 1;
+                let ack = CacheDown {
+                    msg: Some(cache_down::Msg::Ack(Ack { seq: up.seq })),
+                };
+                if tx.send(Ok(ack)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type RelayStream = DownStream<RelayDown>;
+
+    async fn relay(
+        &self,
+        request: Request<Streaming<RelayUp>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        self.record.lock().unwrap().streams.push(Seen {
+            method: "Relay",
+            headers: request.metadata().clone().into_headers(),
+        });
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let record = self.record.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Some(Ok(_up)) = inbound.next().await {
+                record.lock().unwrap().messages += 1;
+                n += 1;
+                let down = RelayDown {
+                    msg: Some(relay_down::Msg::Heartbeat(spinlink_proto::v1::Heartbeat {
+                        unix_millis: n,
+                    })),
+                };
+                if tx.send(Ok(down)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// An in-process sidecar tunnel endpoint.
+pub struct FakeSidecar {
+    pub addr: SocketAddr,
+    pub record: Arc<Mutex<Record>>,
+    stop: CancellationToken,
+}
+
+impl Drop for FakeSidecar {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl FakeSidecar {
+    /// A sidecar over h2c with prior knowledge.
+    pub async fn plain() -> Self {
+        Self::start("127.0.0.1:0".parse().unwrap(), None).await
+    }
+
+    /// A sidecar over h2c on a given address (a restarted one).
+    pub async fn plain_on(addr: SocketAddr) -> Self {
+        Self::start(addr, None).await
+    }
+
+    /// A sidecar over mTLS: its own certificate, client certificates from the
+    /// dev CA required.
+    pub async fn mtls(pki: &DevPki) -> Self {
+        let config = server_config(
+            ServerFiles {
+                cert: &pki.cert("sidecar"),
+                key: &pki.key("sidecar"),
+                client_ca: Some(&pki.ca_cert()),
+            },
+            ClientAuth::Required,
+            &[ALPN_H2],
+        )
+        .unwrap();
+        Self::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(TlsAcceptor::from(Arc::new(config))),
+        )
+        .await
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn tls_url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    pub fn streams(&self) -> Vec<Seen> {
+        self.record.lock().unwrap().streams.clone()
+    }
+
+    async fn start(addr: SocketAddr, tls: Option<TlsAcceptor>) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let record = Arc::new(Mutex::new(Record::default()));
+        let stop = CancellationToken::new();
+        let server = TunnelServer::new(FakeTunnel {
+            record: record.clone(),
+        });
+        tokio::spawn({
+            let record = record.clone();
+            let stop = stop.clone();
+            async move {
+                loop {
+                    let (tcp, _) = tokio::select! {
+                        () = stop.cancelled() => return,
+                        a = listener.accept() => match a { Ok(a) => a, Err(_) => return },
+                    };
+                    tcp.set_nodelay(true).unwrap();
+                    record.lock().unwrap().connections += 1;
+                    let service = TowerToHyperService::new(server.clone());
+                    let tls = tls.clone();
+                    let record = record.clone();
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        let builder =
+                            hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                        match tls {
+                            None => {
+                                let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                                tokio::select! { _ = conn => {}, () = stop.cancelled() => {} }
+                            }
+                            Some(acceptor) => {
+                                let Ok(tls) = acceptor.accept(tcp).await else {
+                                    return;
+                                };
+                                let peer = tls.get_ref().1.peer_certificates().and_then(|c| {
+                                    spinlink_tls::identity::identity_from_cert(
+                                        &c[0],
+                                        &spinlink_tls::identity::DEFAULT_IDENTITY_ORDER,
+                                    )
+                                    .ok()
+                                    .flatten()
+                                });
+                                record
+                                    .lock()
+                                    .unwrap()
+                                    .tls_peers
+                                    .push(peer.unwrap_or_default());
+                                let conn = builder.serve_connection(TokioIo::new(tls), service);
+                                tokio::select! { _ = conn => {}, () = stop.cancelled() => {} }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { addr, record, stop }
+    }
+}
+
+/// A running gateway.
+pub struct RunningGateway {
+    pub addr: SocketAddr,
+    pub stats: Arc<Stats>,
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<spinlink_gateway::Result<()>>,
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// YAML for a TLS gateway with the dev PKI, letting agents serve `dev-*` and
+/// `staging`; `extra` is appended (upstreams, upstreamTls, ...).
+pub fn tls_gateway_yaml(pki: &DevPki, extra: &str) -> String {
+    let p = |path: &Path| path.display().to_string();
+    format!(
+        "gatewayId: gw-test\n\
+         listen: 127.0.0.1:0\n\
+         tls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
+         policy:\n  - identities: ['spiffe://spinlink.dev/agent/*']\n    accounts: ['dev-*', staging]\n\
+         {extra}",
+        p(&pki.cert("gateway")),
+        p(&pki.key("gateway")),
+        p(&pki.ca_cert()),
+    )
+}
+
+pub async fn start_gateway(yaml: &str) -> RunningGateway {
+    let config = Config::from_yaml_str(yaml, "test.yaml").unwrap();
+    let gateway = Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let stats = gateway.stats();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(gateway.run(shutdown.clone()));
+    RunningGateway {
+        addr,
+        stats,
+        shutdown,
+        task,
+    }
+}
+
+/// A tonic channel over exactly one TLS connection to `addr`, presenting
+/// `agent`'s certificate (or none).
+pub async fn agent_channel(
+    addr: SocketAddr,
+    pki: &DevPki,
+    agent: Option<(&Path, &Path)>,
+) -> anyhow::Result<Channel> {
+    let ca = pki.ca_cert();
+    let config = client_config(
+        ClientFiles {
+            ca: &ca,
+            identity: agent,
+        },
+        &[ALPN_H2],
+    )?;
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into()?, tcp)
+        .await?;
+    one_connection_channel(TokioIo::new(tls)).await
+}
+
+pub async fn agent_a1(addr: SocketAddr, pki: &DevPki) -> Channel {
+    agent_channel(
+        addr,
+        pki,
+        Some((&pki.cert("agent-a1"), &pki.key("agent-a1"))),
+    )
+    .await
+    .unwrap()
+}
+
+/// A channel that uses `io` and never dials again.
+pub async fn one_connection_channel<I>(io: I) -> anyhow::Result<Channel>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+{
+    let slot = Arc::new(Mutex::new(Some(io)));
+    let connector = tower::service_fn(move |_uri: http::Uri| {
+        let io = slot.lock().unwrap().take();
+        async move { io.ok_or_else(|| std::io::Error::other("connection already used")) }
+    });
+    Ok(Endpoint::from_static("http://localhost")
+        .connect_with_connector(connector)
+        .await?)
+}
+
+pub fn account(name: &str) -> AccountInfo {
+    AccountInfo {
+        name: name.to_owned(),
+        ..AccountInfo::default()
+    }
+}
+
+pub async fn hello(channel: &Channel, accounts: &[&str]) -> Result<HelloResponse, Status> {
+    let mut client = TunnelClient::new(channel.clone());
+    let request = HelloRequest {
+        agent_id: "a1".into(),
+        agent_version: "test".into(),
+        accounts: accounts.iter().map(|a| account(a)).collect(),
+    };
+    Ok(client.hello(request).await?.into_inner())
+}
+
+/// The token `Hello` granted for `account`.
+pub async fn token_for(channel: &Channel, account: &str) -> String {
+    let resp = hello(channel, &[account]).await.unwrap();
+    resp.granted
+        .iter()
+        .find(|g| g.account == account)
+        .with_context(|| format!("{account} not granted: {:?}", resp.refused))
+        .unwrap()
+        .token
+        .clone()
+}
+
+/// A request with stream metadata set.
+pub fn with_metadata<T>(message: T, account: &str, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    let md = request.metadata_mut();
+    md.insert(headers::ACCOUNT, account.parse().unwrap());
+    md.insert(headers::TOKEN, token.parse().unwrap());
+    request
+}
+
+/// Opens a Cache stream and returns the sender of up messages and the down
+/// stream (or the status the stream was refused with).
+pub async fn open_cache(
+    channel: &Channel,
+    request: impl FnOnce(ReceiverStream<CacheUp>) -> Request<ReceiverStream<CacheUp>>,
+) -> Result<(mpsc::Sender<CacheUp>, Streaming<CacheDown>), Status> {
+    let (tx, rx) = mpsc::channel(16);
+    // The first message goes at once, as agents do.
+    tx.send(CacheUp { seq: 1, msg: None }).await.unwrap();
+    let mut client = TunnelClient::new(channel.clone());
+    let down = client.cache(request(ReceiverStream::new(rx))).await?;
+    Ok((tx, down.into_inner()))
+}
+
+/// Reads the next message of a down stream as an ack number.
+pub async fn next_ack(down: &mut Streaming<CacheDown>) -> Result<u64, Status> {
+    let msg = tokio::time::timeout(WAIT, down.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("test wait"))??
+        .ok_or_else(|| Status::unknown("stream ended"))?;
+    match msg.msg {
+        Some(cache_down::Msg::Ack(Ack { seq })) => Ok(seq),
+        other => Err(Status::unknown(format!("not an ack: {other:?}"))),
+    }
+}

@@ -1,0 +1,333 @@
+//! `Cache` and `Relay` streams through the gateway: checked against their
+//! channel token before anything opens upstream, carried both ways to the
+//! sidecar with the gateway's verified headers, many streams on one
+//! connection, and `Unavailable` when the sidecar is down.
+
+mod common;
+
+use common::*;
+use spinlink_proto::headers;
+use spinlink_proto::v1::tunnel_client::TunnelClient;
+use spinlink_proto::v1::{CacheUp, RelayUp, relay_down};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+fn upstream_yaml(url: &str) -> String {
+    format!("upstreams: [{{url: '{url}'}}]\n")
+}
+
+/// Sends 2..=n on an open cache stream, each after the previous ack.
+async fn ping_pong(
+    tx: &tokio::sync::mpsc::Sender<CacheUp>,
+    down: &mut tonic::Streaming<spinlink_proto::v1::CacheDown>,
+    n: u64,
+) {
+    assert_eq!(next_ack(down).await.unwrap(), 1);
+    for seq in 2..=n {
+        tx.send(CacheUp { seq, msg: None }).await.unwrap();
+        assert_eq!(next_ack(down).await.unwrap(), seq);
+    }
+}
+
+async fn cache_stream_carried(sidecar: &FakeSidecar, yaml: String, pki: &Pki) {
+    let gw = start_gateway(&yaml).await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&channel, "dev-1").await;
+
+    let (tx, mut down) = open_cache(&channel, |s| {
+        let mut r = with_metadata(s, "dev-1", &token);
+        // An agent trying to speak for someone else.
+        let md = r.metadata_mut();
+        md.insert(
+            headers::VERIFIED_IDENTITY,
+            "spiffe://evil/agent".parse().unwrap(),
+        );
+        md.insert("spinlink-verified-role", "admin".parse().unwrap());
+        md.insert("x-agent-note", "kept".parse().unwrap());
+        r
+    })
+    .await
+    .unwrap();
+    ping_pong(&tx, &mut down, 5).await;
+    drop(tx);
+    assert!(
+        tokio::time::timeout(WAIT, down.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+
+    let streams = sidecar.streams();
+    assert_eq!(streams.len(), 1);
+    let h = &streams[0].headers;
+    assert_eq!(streams[0].method, "Cache");
+    let all = |name: &str| -> Vec<_> {
+        h.get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(all(headers::VERIFIED_IDENTITY), [A1]);
+    assert_eq!(all(headers::VERIFIED_ACCOUNT), ["dev-1"]);
+    assert!(h.get(headers::TOKEN).is_none(), "token forwarded");
+    assert!(h.get("spinlink-verified-role").is_none());
+    assert_eq!(all(headers::ACCOUNT), ["dev-1"]);
+    assert_eq!(all("x-agent-note"), ["kept"]);
+    assert_eq!(sidecar.record.lock().unwrap().messages, 5);
+    assert_eq!(gw.stats.snapshot().streams_forwarded, 1);
+}
+
+#[tokio::test]
+async fn cache_stream_reaches_h2c_upstream_with_verified_headers() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let yaml = tls_gateway_yaml(&pki.pki, &upstream_yaml(&sidecar.url()));
+    cache_stream_carried(&sidecar, yaml, &pki).await;
+}
+
+#[tokio::test]
+async fn cache_stream_reaches_mtls_upstream_as_the_gateway() {
+    let pki = pki();
+    let sidecar = FakeSidecar::mtls(&pki.pki).await;
+    let p = |name: &str| pki.pki.dir.join(name).display().to_string();
+    let extra = format!(
+        "{}upstreamTls:\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n  serverName: localhost\n",
+        upstream_yaml(&sidecar.tls_url()),
+        p("ca.crt"),
+        p("gateway.crt"),
+        p("gateway.key"),
+    );
+    cache_stream_carried(&sidecar, tls_gateway_yaml(&pki.pki, &extra), &pki).await;
+    assert_eq!(
+        sidecar.record.lock().unwrap().tls_peers,
+        ["spiffe://spinlink.dev/gateway"]
+    );
+}
+
+#[tokio::test]
+async fn token_from_another_connection_is_refused_before_upstream() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(&pki.pki, &upstream_yaml(&sidecar.url()))).await;
+    let conn_a = agent_a1(gw.addr, &pki.pki).await;
+    let conn_b = agent_a1(gw.addr, &pki.pki).await;
+    let token_a = token_for(&conn_a, "dev-1").await;
+
+    let err = open_cache(&conn_b, |s| with_metadata(s, "dev-1", &token_a))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("not valid"), "{err:?}");
+    assert!(sidecar.streams().is_empty(), "upstream saw the stream");
+    assert_eq!(sidecar.record.lock().unwrap().connections, 0);
+    let stats = gw.stats.snapshot();
+    assert_eq!((stats.streams_refused, stats.streams_forwarded), (1, 0));
+
+    // The same token on its own connection is fine.
+    let (_tx, mut down) = open_cache(&conn_a, |s| with_metadata(s, "dev-1", &token_a))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn token_for_another_account_missing_or_garbage_is_refused() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(&pki.pki, &upstream_yaml(&sidecar.url()))).await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let resp = hello(&channel, &["dev-1", "dev-2"]).await.unwrap();
+    let token_dev1 = resp.granted[0].token.clone();
+    assert_eq!(resp.granted[0].account, "dev-1");
+
+    let err = open_cache(&channel, |s| with_metadata(s, "dev-2", &token_dev1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+
+    let err = open_cache(&channel, |s| with_metadata(s, "dev-1", "not-a-token"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+
+    let err = open_cache(&channel, |s| {
+        let mut r = tonic::Request::new(s);
+        r.metadata_mut()
+            .insert(headers::ACCOUNT, "dev-1".parse().unwrap());
+        r
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("spinlink-token"), "{err:?}");
+
+    let err = open_cache(&channel, |s| {
+        let mut r = tonic::Request::new(s);
+        r.metadata_mut()
+            .insert(headers::TOKEN, token_dev1.parse().unwrap());
+        r
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("spinlink-account"), "{err:?}");
+
+    // A second account header riding along with a valid pair.
+    let err = open_cache(&channel, |s| {
+        let mut r = with_metadata(s, "dev-1", &token_dev1);
+        r.metadata_mut()
+            .append(headers::ACCOUNT, "prod".parse().unwrap());
+        r
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("more than one"), "{err:?}");
+
+    assert!(sidecar.streams().is_empty());
+    assert_eq!(gw.stats.snapshot().streams_refused, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_bidi_streams_share_one_connection_each_way() {
+    const STREAMS: usize = 40;
+    const MESSAGES: u64 = 20;
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!("{}upstreamConnections: 2\n", upstream_yaml(&sidecar.url())),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let resp = hello(&channel, &["dev-1", "dev-2", "staging"])
+        .await
+        .unwrap();
+    assert_eq!(resp.granted.len(), 3);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..STREAMS {
+        let grant = resp.granted[i % resp.granted.len()].clone();
+        let channel = channel.clone();
+        tasks.spawn(async move {
+            let (tx, mut down) =
+                open_cache(&channel, |s| with_metadata(s, &grant.account, &grant.token))
+                    .await
+                    .unwrap();
+            ping_pong(&tx, &mut down, MESSAGES).await;
+        });
+    }
+    // Relay streams on the same connection, at the same time.
+    for i in 0..4 {
+        let grant = resp.granted[i % resp.granted.len()].clone();
+        let channel = channel.clone();
+        tasks.spawn(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tx.send(RelayUp { msg: None }).await.unwrap();
+            let mut client = TunnelClient::new(channel);
+            let mut down = client
+                .relay(with_metadata(
+                    ReceiverStream::new(rx),
+                    &grant.account,
+                    &grant.token,
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            for n in 1..=MESSAGES as i64 {
+                let msg = tokio::time::timeout(WAIT, down.message())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                match msg.msg {
+                    Some(relay_down::Msg::Heartbeat(h)) => assert_eq!(h.unix_millis, n),
+                    other => panic!("unexpected {other:?}"),
+                }
+                tx.send(RelayUp { msg: None }).await.unwrap();
+            }
+        });
+    }
+    tokio::time::timeout(WAIT * 2, async {
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+
+    let record = sidecar.record.lock().unwrap();
+    assert_eq!(record.streams.len(), STREAMS + 4);
+    assert_eq!(
+        record
+            .streams
+            .iter()
+            .filter(|s| s.method == "Relay")
+            .count(),
+        4
+    );
+    // Every stream multiplexed over the gateway's small pool.
+    assert!(
+        (1..=2).contains(&record.connections),
+        "{} connections",
+        record.connections
+    );
+    assert_eq!(gw.stats.snapshot().streams_forwarded, STREAMS as u64 + 4);
+}
+
+#[tokio::test]
+async fn upstream_down_is_unavailable() {
+    let pki = pki();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &upstream_yaml(&format!("http://{closed}")),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&channel, "dev-1").await;
+    let err = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(gw.stats.snapshot().upstream_unavailable, 1);
+}
+
+#[tokio::test]
+async fn upstream_restart_is_survived_by_new_streams() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let addr = sidecar.addr;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!("{}upstreamConnections: 1\n", upstream_yaml(&sidecar.url())),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&channel, "dev-1").await;
+    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+
+    // The sidecar goes away: the open stream ends with Unavailable trailers.
+    drop(sidecar);
+    let end = tokio::time::timeout(WAIT, down.message()).await.unwrap();
+    assert!(
+        matches!(&end, Err(s) if s.code() == Code::Unavailable),
+        "{end:?}"
+    );
+    drop(tx);
+
+    // A sidecar on the same address again: the pool re-dials.
+    let again = FakeSidecar::plain_on(addr).await;
+    let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    assert_eq!(again.streams().len(), 1);
+}
