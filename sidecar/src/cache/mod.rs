@@ -1,0 +1,473 @@
+//! One account's cache: the objects of every kind the agent watches, keyed by
+//! namespace/name, and the cluster's discovery documents. The tunnel's cache
+//! stream writes it ([`Cache::sync_start`], [`Cache::apply`],
+//! [`Cache::sync_end`], [`Cache::set_discovery`]); the facade reads it.
+//!
+//! Delivery is at-least-once, so every write is idempotent: an event whose
+//! resourceVersion is not newer than the stored object's changes nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+use spinlink_proto::v1::{self, watch_event::Type as EventType};
+
+/// Why an event could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The event named no kind.
+    #[error("event without a kind")]
+    MissingKind,
+    /// The object was not a JSON object.
+    #[error("object of {kind} is not valid JSON: {source}")]
+    InvalidObject {
+        /// `resource.group`.
+        kind: String,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The object has no `metadata.name`.
+    #[error("object of {0} has no metadata.name")]
+    MissingName(String),
+    /// The event type is not one we know.
+    #[error("unknown event type {0}")]
+    UnknownType(i32),
+}
+
+/// Result with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Identifies a cached kind: group, version and plural resource name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KindKey {
+    /// API group, empty for the core group.
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Plural resource name.
+    pub resource: String,
+}
+
+impl KindKey {
+    /// The key of a kind from the wire.
+    pub fn of(kind: &v1::Kind) -> Self {
+        Self {
+            group: kind.group.clone(),
+            version: kind.version.clone(),
+            resource: kind.resource.clone(),
+        }
+    }
+
+    /// `apiVersion` of objects of this kind (`v1`, `apps/v1`).
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// Namespace (empty for cluster-scoped objects) and name.
+pub type ObjectKey = (String, String);
+
+/// One cached object.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The object as the agent sent it (kind and apiVersion filled in).
+    pub object: Arc<Value>,
+    /// Its resourceVersion.
+    pub resource_version: String,
+    /// The kind's generation when the object was last seen.
+    generation: u64,
+}
+
+/// The cached objects of one kind.
+#[derive(Debug, Clone)]
+pub struct CachedKind {
+    /// The kind as the agent described it.
+    pub info: v1::Kind,
+    /// Objects by namespace/name, so lists come out sorted.
+    pub objects: BTreeMap<ObjectKey, Entry>,
+    /// The highest resourceVersion seen for this kind (objects, bookmarks, lists).
+    pub resource_version: String,
+    /// A full listing has completed: the cache can answer for this kind.
+    pub synced: bool,
+    /// Incremented by every `SyncStart`; objects not seen in the current
+    /// generation are dropped by `SyncEnd`.
+    generation: u64,
+}
+
+impl CachedKind {
+    fn new(info: &v1::Kind) -> Self {
+        Self {
+            info: info.clone(),
+            objects: BTreeMap::new(),
+            resource_version: String::new(),
+            synced: false,
+            generation: 0,
+        }
+    }
+
+    fn advance_rv(&mut self, rv: &str) {
+        if !rv.is_empty() && is_newer(rv, &self.resource_version) {
+            self.resource_version = rv.to_owned();
+        }
+    }
+}
+
+/// A discovery document served as the agent sent it.
+#[derive(Debug, Clone)]
+pub struct Document {
+    /// Its content type.
+    pub content_type: String,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// What [`Cache::apply`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The object was stored.
+    Upserted,
+    /// The object was removed.
+    Deleted,
+    /// Nothing changed: the event was not newer, or deleted what was not there.
+    Unchanged,
+    /// Only the kind's resourceVersion moved.
+    Bookmark,
+}
+
+/// One account's cache.
+#[derive(Debug, Default)]
+pub struct Cache {
+    kinds: HashMap<KindKey, CachedKind>,
+    discovery: HashMap<String, Document>,
+}
+
+/// `a` is newer than `b`: compared as integers when both are, else assumed.
+pub fn is_newer(a: &str, b: &str) -> bool {
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a > b,
+        _ => true,
+    }
+}
+
+impl Cache {
+    /// Begins a full listing of `kind`.
+    pub fn sync_start(&mut self, kind: &v1::Kind) {
+        let entry = self
+            .kinds
+            .entry(KindKey::of(kind))
+            .or_insert_with(|| CachedKind::new(kind));
+        entry.info = kind.clone();
+        entry.generation += 1;
+    }
+
+    /// Ends a full listing of `kind`: drops the objects not seen since its
+    /// `SyncStart` and marks the kind synced. Returns how many were dropped.
+    pub fn sync_end(&mut self, kind: &v1::Kind, resource_version: &str) -> usize {
+        let entry = self
+            .kinds
+            .entry(KindKey::of(kind))
+            .or_insert_with(|| CachedKind::new(kind));
+        let generation = entry.generation;
+        let before = entry.objects.len();
+        entry.objects.retain(|_, e| e.generation >= generation);
+        entry.synced = true;
+        entry.advance_rv(resource_version);
+        before - entry.objects.len()
+    }
+
+    /// Applies a watch event.
+    pub fn apply(&mut self, event: &v1::WatchEvent) -> Result<Applied> {
+        let kind = event.kind.as_ref().ok_or(Error::MissingKind)?;
+        let ty = EventType::try_from(event.r#type).map_err(|_| Error::UnknownType(event.r#type))?;
+        let cached = self
+            .kinds
+            .entry(KindKey::of(kind))
+            .or_insert_with(|| CachedKind::new(kind));
+        if ty == EventType::Bookmark {
+            cached.advance_rv(&event.resource_version);
+            return Ok(Applied::Bookmark);
+        }
+        if ty == EventType::Unspecified {
+            return Err(Error::UnknownType(event.r#type));
+        }
+        let label = || format!("{}.{}", kind.resource, kind.group);
+        let mut object: Value =
+            serde_json::from_slice(&event.object).map_err(|source| Error::InvalidObject {
+                kind: label(),
+                source,
+            })?;
+        let meta = object.get("metadata");
+        let name = meta
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::MissingName(label()))?
+            .to_owned();
+        let namespace = meta
+            .and_then(|m| m.get("namespace"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let rv = if event.resource_version.is_empty() {
+            meta.and_then(|m| m.get("resourceVersion"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            event.resource_version.clone()
+        };
+        let key = (namespace, name);
+        let generation = cached.generation;
+        if let Some(existing) = cached.objects.get_mut(&key)
+            && !is_newer(&rv, &existing.resource_version)
+        {
+            // A replay of what we hold: it still counts as seen in a listing.
+            existing.generation = generation;
+            return Ok(Applied::Unchanged);
+        }
+        cached.advance_rv(&rv);
+        if ty == EventType::Deleted {
+            return Ok(match cached.objects.remove(&key) {
+                Some(_) => Applied::Deleted,
+                None => Applied::Unchanged,
+            });
+        }
+        if let Some(map) = object.as_object_mut() {
+            let api_version = KindKey::of(kind).api_version();
+            map.entry("kind")
+                .or_insert_with(|| Value::from(kind.kind.clone()));
+            map.entry("apiVersion")
+                .or_insert_with(|| Value::from(api_version));
+        }
+        cached.objects.insert(
+            key,
+            Entry {
+                object: Arc::new(object),
+                resource_version: rv,
+                generation,
+            },
+        );
+        Ok(Applied::Upserted)
+    }
+
+    /// Replaces the discovery documents.
+    pub fn set_discovery(&mut self, documents: Vec<v1::Document>) {
+        self.discovery = documents
+            .into_iter()
+            .map(|d| {
+                (
+                    d.path,
+                    Document {
+                        content_type: d.content_type,
+                        body: Bytes::from(d.body),
+                    },
+                )
+            })
+            .collect();
+    }
+
+    /// The discovery document at exactly `path`.
+    pub fn discovery(&self, path: &str) -> Option<&Document> {
+        self.discovery.get(path)
+    }
+
+    /// Whether any discovery document is held.
+    pub fn has_discovery(&self) -> bool {
+        !self.discovery.is_empty()
+    }
+
+    /// The kind at group/version/resource, synced or not.
+    pub fn kind(&self, group: &str, version: &str, resource: &str) -> Option<&CachedKind> {
+        self.kinds.get(&KindKey {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            resource: resource.to_owned(),
+        })
+    }
+
+    /// Every kind with the resourceVersion held, for `ResumeFrom`.
+    pub fn kinds(&self) -> impl Iterator<Item = &CachedKind> {
+        self.kinds.values()
+    }
+
+    /// Kinds synced, kinds known, objects held.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let synced = self.kinds.values().filter(|k| k.synced).count();
+        let objects = self.kinds.values().map(|k| k.objects.len()).sum();
+        (synced, self.kinds.len(), objects)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn pods() -> v1::Kind {
+        v1::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        }
+    }
+
+    fn event(ty: EventType, ns: &str, name: &str, rv: &str, extra: Value) -> v1::WatchEvent {
+        let object = json!({"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}, "spec": extra});
+        v1::WatchEvent {
+            r#type: ty as i32,
+            kind: Some(pods()),
+            resource_version: rv.into(),
+            object: serde_json::to_vec(&object).unwrap(),
+        }
+    }
+
+    fn spec_of(c: &Cache, ns: &str, name: &str) -> Option<Value> {
+        c.kind("", "v1", "pods")?
+            .objects
+            .get(&(ns.into(), name.into()))
+            .map(|e| e.object["spec"].clone())
+    }
+
+    #[test]
+    fn older_or_equal_rv_is_a_no_op() {
+        let mut c = Cache::default();
+        assert_eq!(
+            c.apply(&event(EventType::Added, "a", "p", "10", json!(1)))
+                .unwrap(),
+            Applied::Upserted
+        );
+        assert_eq!(
+            c.apply(&event(EventType::Modified, "a", "p", "10", json!(2)))
+                .unwrap(),
+            Applied::Unchanged
+        );
+        assert_eq!(
+            c.apply(&event(EventType::Modified, "a", "p", "9", json!(3)))
+                .unwrap(),
+            Applied::Unchanged
+        );
+        assert_eq!(spec_of(&c, "a", "p"), Some(json!(1)));
+        c.apply(&event(EventType::Modified, "a", "p", "11", json!(4)))
+            .unwrap();
+        assert_eq!(spec_of(&c, "a", "p"), Some(json!(4)));
+        // Not integers: applied.
+        c.apply(&event(EventType::Modified, "a", "p", "x", json!(5)))
+            .unwrap();
+        assert_eq!(spec_of(&c, "a", "p"), Some(json!(5)));
+    }
+
+    #[test]
+    fn kind_and_api_version_are_filled_in() {
+        let mut c = Cache::default();
+        c.apply(&event(EventType::Added, "a", "p", "1", json!(1)))
+            .unwrap();
+        let k = c.kind("", "v1", "pods").unwrap();
+        let o = &k.objects[&("a".to_owned(), "p".to_owned())].object;
+        assert_eq!(o["kind"], "Pod");
+        assert_eq!(o["apiVersion"], "v1");
+    }
+
+    #[test]
+    fn deletes_remove_and_stale_deletes_do_not() {
+        let mut c = Cache::default();
+        c.apply(&event(EventType::Added, "a", "p", "5", json!(1)))
+            .unwrap();
+        assert_eq!(
+            c.apply(&event(EventType::Deleted, "a", "p", "4", json!(1)))
+                .unwrap(),
+            Applied::Unchanged
+        );
+        assert!(spec_of(&c, "a", "p").is_some());
+        assert_eq!(
+            c.apply(&event(EventType::Deleted, "a", "p", "6", json!(1)))
+                .unwrap(),
+            Applied::Deleted
+        );
+        assert!(spec_of(&c, "a", "p").is_none());
+        assert_eq!(
+            c.apply(&event(EventType::Deleted, "a", "p", "7", json!(1)))
+                .unwrap(),
+            Applied::Unchanged
+        );
+    }
+
+    #[test]
+    fn sync_drops_vanished_objects_and_keeps_replayed_ones() {
+        let mut c = Cache::default();
+        c.sync_start(&pods());
+        for (n, rv) in [("p1", "1"), ("p2", "2"), ("p3", "3")] {
+            c.apply(&event(EventType::Added, "a", n, rv, json!(0)))
+                .unwrap();
+        }
+        assert!(!c.kind("", "v1", "pods").unwrap().synced);
+        assert_eq!(c.sync_end(&pods(), "3"), 0);
+        assert!(c.kind("", "v1", "pods").unwrap().synced);
+        assert_eq!(c.counts(), (1, 1, 3));
+
+        // Relist: p1 unchanged (same rv), p3 newer, p2 gone.
+        c.sync_start(&pods());
+        c.apply(&event(EventType::Added, "a", "p1", "1", json!(0)))
+            .unwrap();
+        c.apply(&event(EventType::Added, "a", "p3", "9", json!(9)))
+            .unwrap();
+        assert_eq!(c.sync_end(&pods(), "10"), 1);
+        assert!(spec_of(&c, "a", "p1").is_some());
+        assert!(spec_of(&c, "a", "p2").is_none());
+        assert_eq!(spec_of(&c, "a", "p3"), Some(json!(9)));
+        assert_eq!(c.kind("", "v1", "pods").unwrap().resource_version, "10");
+    }
+
+    #[test]
+    fn bookmark_only_moves_the_kind_rv() {
+        let mut c = Cache::default();
+        c.apply(&event(EventType::Added, "a", "p", "5", json!(1)))
+            .unwrap();
+        let bookmark = v1::WatchEvent {
+            r#type: EventType::Bookmark as i32,
+            kind: Some(pods()),
+            resource_version: "42".into(),
+            object: Vec::new(),
+        };
+        assert_eq!(c.apply(&bookmark).unwrap(), Applied::Bookmark);
+        let k = c.kind("", "v1", "pods").unwrap();
+        assert_eq!(k.resource_version, "42");
+        assert_eq!(k.objects.len(), 1);
+    }
+
+    #[test]
+    fn bad_objects_are_errors_not_panics() {
+        let mut c = Cache::default();
+        let mut e = event(EventType::Added, "a", "p", "1", json!(1));
+        e.object = b"{not json".to_vec();
+        assert!(matches!(c.apply(&e), Err(Error::InvalidObject { .. })));
+        e.object = br#"{"metadata":{}}"#.to_vec();
+        assert!(matches!(c.apply(&e), Err(Error::MissingName(_))));
+        e.kind = None;
+        assert!(matches!(c.apply(&e), Err(Error::MissingKind)));
+        e.kind = Some(pods());
+        e.r#type = 99;
+        assert!(matches!(c.apply(&e), Err(Error::UnknownType(99))));
+    }
+
+    #[test]
+    fn discovery_is_replaced() {
+        let mut c = Cache::default();
+        let doc = |p: &str| v1::Document {
+            path: p.into(),
+            content_type: "application/json".into(),
+            body: b"{}".to_vec(),
+        };
+        c.set_discovery(vec![doc("/api"), doc("/apis")]);
+        assert!(c.discovery("/api").is_some());
+        c.set_discovery(vec![doc("/version")]);
+        assert!(c.discovery("/api").is_none());
+        assert!(c.discovery("/version").is_some());
+    }
+}

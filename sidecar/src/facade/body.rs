@@ -1,0 +1,18 @@
+//! The response body type of the facade: a boxed body of bytes, either a
+//! whole document or chunks streamed from a relayed response.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+
+/// The error a streamed body can end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Every facade response has this body.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}

@@ -1,0 +1,140 @@
+//! Answers from the cache: discovery documents, GET of one object and LIST
+//! with label and field selectors, as JSON or as a Table. Returns `None` when
+//! the cache cannot answer (kind not cached or not synced yet) so the request
+//! is relayed instead.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::body::{Body, full};
+use super::route::{Query, ResourcePath};
+use super::selector::{FieldSelector, LabelSelector};
+use super::status::Failure;
+use super::table::{self, IncludeObject};
+use crate::accounts::Account;
+
+fn json_response(body: Vec<u8>, content_type: &str) -> Response<Body> {
+    let mut resp = Response::new(full(Bytes::from(body)));
+    *resp.status_mut() = StatusCode::OK;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+/// The discovery document at `path`, if the snapshot has it. Aggregated
+/// discovery requests get the plain document as `application/json`, which
+/// kubectl accepts by falling back.
+pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response<Body>> {
+    let cache = account.read_cache();
+    let doc = cache.discovery(path)?;
+    let content_type = if accept.contains("as=APIGroupDiscoveryList") || doc.content_type.is_empty()
+    {
+        "application/json"
+    } else {
+        doc.content_type.as_str()
+    };
+    let mut resp = Response::new(full(doc.body.clone()));
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    Some(resp)
+}
+
+#[derive(Serialize)]
+struct ListMeta<'a> {
+    #[serde(rename = "resourceVersion")]
+    resource_version: &'a str,
+}
+
+#[derive(Serialize)]
+struct List<'a> {
+    kind: String,
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    metadata: ListMeta<'a>,
+    items: Vec<&'a Value>,
+}
+
+/// Answers a GET or LIST of `path` from the cache, or `None` to relay.
+pub fn resource(
+    account: &Account,
+    path: &ResourcePath,
+    query: &Query,
+    accept: &str,
+) -> Option<Response<Body>> {
+    let (objects, info, rv) = {
+        let cache = account.read_cache();
+        let kind = cache
+            .kind(&path.group, &path.version, &path.resource)
+            .filter(|k| k.synced)?;
+        if path.namespace.is_some() && !kind.info.namespaced {
+            return None;
+        }
+        if let Some(name) = &path.name {
+            if path.namespace.is_none() && kind.info.namespaced {
+                // `/api/v1/pods/x` is no object path; let the server say so.
+                return None;
+            }
+            let key = (path.namespace.clone().unwrap_or_default(), name.clone());
+            let Some(entry) = kind.objects.get(&key) else {
+                return Some(
+                    Failure::object_not_found(&path.group, &path.resource, name).into_response(),
+                );
+            };
+            (
+                vec![entry.object.clone()],
+                kind.info.clone(),
+                kind.resource_version.clone(),
+            )
+        } else {
+            let labels = match LabelSelector::parse(query.get("labelSelector").unwrap_or("")) {
+                Ok(s) => s,
+                Err(e) => return Some(Failure::bad_request(e.0).into_response()),
+            };
+            let fields = match FieldSelector::parse(
+                query.get("fieldSelector").unwrap_or(""),
+                &path.group,
+                &path.resource,
+            ) {
+                Ok(s) => s,
+                Err(e) => return Some(Failure::bad_request(e.0).into_response()),
+            };
+            let objects: Vec<Arc<Value>> = kind
+                .objects
+                .iter()
+                .filter(|((ns, _), _)| path.namespace.as_ref().is_none_or(|want| want == ns))
+                .filter(|(_, e)| labels.matches(&e.object) && fields.matches(&e.object))
+                .map(|(_, e)| e.object.clone())
+                .collect();
+            (objects, kind.info.clone(), kind.resource_version.clone())
+        }
+    };
+    let api_version = if info.group.is_empty() {
+        info.version.clone()
+    } else {
+        format!("{}/{}", info.group, info.version)
+    };
+    let refs: Vec<&Value> = objects.iter().map(|o| o.as_ref()).collect();
+    let body = if table::wants_table(accept) {
+        let include = IncludeObject::parse(query.get("includeObject"));
+        let t = table::build(&path.resource, &refs, &rv, include, chrono::Utc::now());
+        serde_json::to_vec(&t)
+    } else if path.name.is_some() {
+        serde_json::to_vec(refs[0])
+    } else {
+        serde_json::to_vec(&List {
+            kind: format!("{}List", info.kind),
+            api_version,
+            metadata: ListMeta {
+                resource_version: &rv,
+            },
+            items: refs,
+        })
+    };
+    Some(json_response(body.unwrap_or_default(), "application/json"))
+}

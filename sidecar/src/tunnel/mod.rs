@@ -1,0 +1,287 @@
+//! The tunnel: the gRPC server the gateways carry agent streams to. It accepts
+//! TCP connections, terminates mTLS (a gateway client certificate is
+//! required) or, in insecure mode, plaintext HTTP/2, and serves the
+//! `spinlink.v1.Tunnel` service: `Cache` streams go to [`cache`], `Relay`
+//! streams to [`relay`]; `Hello` belongs to the gateway.
+//!
+//! Every stream names its account and agent in the `spinlink-verified-*`
+//! headers the gateway sets; the first message must be `open` for the same
+//! account.
+
+pub mod cache;
+mod io;
+pub mod relay;
+
+use std::time::Duration;
+
+use spinlink_proto::headers;
+use spinlink_proto::v1::tunnel_server::{Tunnel, TunnelServer};
+use spinlink_proto::v1::{self, cache_up, relay_up};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::accounts::Accounts;
+use crate::store::{AccountState, Store};
+pub use io::{ConnectInfo, TunnelIo};
+use relay::RelayHandle;
+
+/// How long a stream may take to send its `open` message.
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TLS handshake may take.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accepted connections queued for the gRPC server.
+pub const DEFAULT_ACCEPT_QUEUE: usize = 64;
+
+/// The `Tunnel` service.
+#[derive(Debug, Clone)]
+pub struct TunnelService {
+    accounts: Accounts,
+    store: Store,
+    shutdown: CancellationToken,
+}
+
+impl TunnelService {
+    /// A service writing to `accounts` and `store`; streams end on `shutdown`.
+    pub fn new(accounts: Accounts, store: Store, shutdown: CancellationToken) -> Self {
+        Self {
+            accounts,
+            store,
+            shutdown,
+        }
+    }
+}
+
+fn header(md: &MetadataMap, name: &str) -> Result<String, Status> {
+    md.get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| Status::unauthenticated(format!("missing {name} header")))
+}
+
+/// The account and agent identity the gateway verified.
+fn verified(md: &MetadataMap) -> Result<(String, String), Status> {
+    Ok((
+        header(md, headers::VERIFIED_ACCOUNT)?,
+        header(md, headers::VERIFIED_IDENTITY)?,
+    ))
+}
+
+async fn first<T>(inbound: &mut Streaming<T>) -> Result<T, Status> {
+    match tokio::time::timeout(DEFAULT_OPEN_TIMEOUT, inbound.message()).await {
+        Err(_) => Err(Status::deadline_exceeded("no open message")),
+        Ok(Ok(Some(m))) => Ok(m),
+        Ok(Ok(None)) => Err(Status::invalid_argument("stream ended before open")),
+        Ok(Err(status)) => Err(status),
+    }
+}
+
+fn check_open(open_account: &str, verified: &str) -> Result<(), Status> {
+    if open_account == verified {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "open names account {open_account:?} but the stream is verified for {verified:?}"
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl Tunnel for TunnelService {
+    async fn hello(
+        &self,
+        _request: Request<v1::HelloRequest>,
+    ) -> Result<Response<v1::HelloResponse>, Status> {
+        Err(Status::unimplemented("Hello is answered by the gateway"))
+    }
+
+    type CacheStream = ReceiverStream<Result<v1::CacheDown, Status>>;
+
+    async fn cache(
+        &self,
+        request: Request<Streaming<v1::CacheUp>>,
+    ) -> Result<Response<Self::CacheStream>, Status> {
+        let (name, identity) = verified(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let open = first(&mut inbound).await?;
+        match &open.msg {
+            Some(cache_up::Msg::Open(o)) => check_open(&o.account, &name)?,
+            _ => return Err(Status::invalid_argument("the first message must be open")),
+        }
+        let account = self.accounts.get_or_create(&name);
+        account.cache_opened(&identity);
+        tracing::info!(account = %name, agent = %identity, "cache stream open");
+        if let Err(e) = self
+            .store
+            .upsert_account(&name, &identity, AccountState::Online)
+            .await
+        {
+            tracing::warn!(account = %name, error = %e, "recording the account failed");
+        }
+        let (tx, rx) = mpsc::channel(cache::DEFAULT_DOWN_CAPACITY);
+        tokio::spawn(cache::run(
+            account,
+            self.store.clone(),
+            open.seq,
+            inbound,
+            tx,
+            self.shutdown.child_token(),
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type RelayStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<v1::RelayDown, Status>> + Send + 'static>,
+    >;
+
+    async fn relay(
+        &self,
+        request: Request<Streaming<v1::RelayUp>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        use futures::StreamExt as _;
+        let (name, identity) = verified(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let open = first(&mut inbound).await?;
+        match &open.msg {
+            Some(relay_up::Msg::Open(o)) => check_open(&o.account, &name)?,
+            _ => return Err(Status::invalid_argument("the first message must be open")),
+        }
+        let account = self.accounts.get_or_create(&name);
+        let (tx, rx) = mpsc::channel(relay::DEFAULT_DOWN_CAPACITY);
+        let handle = RelayHandle::new(tx);
+        account.attach_relay(&identity, handle.clone());
+        tracing::info!(account = %name, agent = %identity, "relay stream open");
+        tokio::spawn(relay::run(
+            account,
+            handle,
+            inbound,
+            self.shutdown.child_token(),
+        ));
+        let out = ReceiverStream::new(rx).map(Ok);
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+/// How the tunnel listener authenticates its peers.
+#[derive(Clone)]
+pub enum Security {
+    /// mTLS with a required client certificate.
+    Tls(TlsAcceptor),
+    /// Plaintext HTTP/2 (development only).
+    Insecure,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tls(_) => f.write_str("Tls"),
+            Self::Insecure => f.write_str("Insecure"),
+        }
+    }
+}
+
+/// Accepts connections until `shutdown`, hands finished handshakes to `out`.
+async fn accept_loop(
+    listener: TcpListener,
+    security: Security,
+    out: mpsc::Sender<Result<TunnelIo, std::io::Error>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little.
+                    tracing::warn!(error = %e, "tunnel accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        match &security {
+            Security::Insecure => {
+                if out.send(Ok(TunnelIo::plain(tcp, peer))).await.is_err() {
+                    return;
+                }
+            }
+            Security::Tls(acceptor) => {
+                let acceptor = acceptor.clone();
+                let out = out.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(DEFAULT_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(tls)) => {
+                            let _ = out.send(Ok(TunnelIo::tls(tls, peer))).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::info!(%peer, error = %e, "tunnel TLS handshake failed")
+                        }
+                        Err(_) => tracing::info!(%peer, "tunnel TLS handshake timed out"),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Serves the tunnel on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    security: Security,
+    service: TunnelService,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let (tx, rx) = mpsc::channel(DEFAULT_ACCEPT_QUEUE);
+    let accept = tokio::spawn(accept_loop(listener, security, tx, shutdown.clone()));
+    let result = tonic::transport::Server::builder()
+        // Application heartbeats keep streams alive; PINGs find dead peers.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(TunnelServer::new(service))
+        .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
+        .await;
+    accept.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::metadata::MetadataValue;
+
+    #[test]
+    fn verified_headers_are_required() {
+        let mut md = MetadataMap::new();
+        assert_eq!(
+            verified(&md).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        md.insert(headers::VERIFIED_ACCOUNT, MetadataValue::from_static("a"));
+        assert_eq!(
+            verified(&md).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        md.insert(headers::VERIFIED_IDENTITY, MetadataValue::from_static("id"));
+        assert_eq!(verified(&md).unwrap(), ("a".to_owned(), "id".to_owned()));
+    }
+
+    #[test]
+    fn open_must_name_the_verified_account() {
+        assert!(check_open("a", "a").is_ok());
+        assert_eq!(
+            check_open("b", "a").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! The cache path end to end: an agent (played here) streams discovery, a
+//! listing and events; the accounts API shows the account synced; the facade
+//! answers GET/LIST with selectors, Tables and Kubernetes-shaped errors.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use spinlink_proto::v1::{self, cache_up};
+
+fn pod(ns: &str, name: &str, rv: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels,
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"containers": [{"name": "c"}], "nodeName": "node-1"},
+        "status": {"phase": "Running", "podIP": "10.0.0.1"},
+    })
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn listing_events_and_queries() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let deployments = kind("apps", "v1", "deployments", "Deployment", true);
+
+    cache
+        .send(cache_up::Msg::Discovery(v1::DiscoverySnapshot {
+            documents: vec![v1::Document {
+                path: "/api".into(),
+                content_type: "application/json".into(),
+                body: br#"{"kind":"APIVersions","versions":["v1"]}"#.to_vec(),
+            }],
+        }))
+        .await?;
+    sync(
+        &mut cache,
+        &pods,
+        &[
+            pod(
+                "demo",
+                "web-2",
+                "12",
+                json!({"app": "web", "tier": "front"}),
+            ),
+            pod("demo", "web-1", "11", json!({"app": "web", "tier": "back"})),
+            pod("demo", "db-0", "13", json!({"app": "db"})),
+            pod("other", "web-9", "14", json!({"app": "web"})),
+        ],
+    )
+    .await?;
+    sync(
+        &mut cache,
+        &deployments,
+        &[
+            json!({"metadata": {"name": "web", "namespace": "demo", "resourceVersion": "20"},
+                 "spec": {"replicas": 2}, "status": {"readyReplicas": 1}}),
+        ],
+    )
+    .await?;
+    // A delete after the listing, and a stale replay that must not resurrect data.
+    cache
+        .send(cache_up::Msg::Event(v1::WatchEvent {
+            r#type: v1::watch_event::Type::Deleted as i32,
+            kind: Some(pods.clone()),
+            resource_version: "30".into(),
+            object: serde_json::to_vec(&pod("other", "web-9", "30", json!({})))?,
+        }))
+        .await?;
+    cache
+        .send(added(
+            &pods,
+            &pod("demo", "web-1", "5", json!({"stale": "yes"})),
+        ))
+        .await?;
+    cache.wait_acked().await?;
+
+    let http = http();
+    let status = get(&http, &sidecar.url("/v1/accounts/prod")).await?;
+    assert_eq!(status.status, 200);
+    let st = status.json();
+    assert_eq!(st["online"], true);
+    assert_eq!(st["kindsSynced"], 2);
+    assert_eq!(st["kindsTotal"], 2);
+    assert_eq!(st["objects"], 4);
+    assert_eq!(st["discovery"], true);
+    assert_eq!(st["relay"], false);
+    assert_eq!(st["agentIdentity"], IDENTITY);
+    let all = get(&http, &sidecar.url("/v1/accounts")).await?.json();
+    assert_eq!(all.as_array().unwrap().len(), 1);
+
+    // Discovery exactly as sent; aggregated requests get it as plain JSON.
+    let d = request(
+        &http,
+        "GET",
+        &sidecar.url("/accounts/prod/api"),
+        &[(
+            "accept",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+        )],
+        "",
+    )
+    .await?;
+    assert_eq!(d.status, 200);
+    assert_eq!(d.headers["content-type"], "application/json");
+    assert_eq!(d.json()["kind"], "APIVersions");
+
+    // LIST, all namespaces, sorted by namespace/name, stale replay ignored.
+    let list = get(&http, &sidecar.url("/accounts/prod/api/v1/pods?limit=500")).await?;
+    assert_eq!(list.status, 200);
+    assert_eq!(list.headers["content-type"], "application/json");
+    let list = list.json();
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["apiVersion"], "v1");
+    assert_eq!(list["metadata"]["resourceVersion"], "1000");
+    assert_eq!(names(&list), ["demo/db-0", "demo/web-1", "demo/web-2"]);
+    assert!(
+        list["items"][1]["metadata"]["labels"]
+            .get("stale")
+            .is_none()
+    );
+
+    // Selectors.
+    let q = |s: &str| sidecar.url(&format!("/accounts/prod/api/v1/namespaces/demo/pods?{s}"));
+    let l = get(&http, &q("labelSelector=app%3Dweb%2Ctier%20in%20(front)"))
+        .await?
+        .json();
+    assert_eq!(names(&l), ["demo/web-2"]);
+    let l = get(&http, &q("labelSelector=app!%3Dweb")).await?.json();
+    assert_eq!(names(&l), ["demo/db-0"]);
+    let l = get(&http, &q("labelSelector=!tier")).await?.json();
+    assert_eq!(names(&l), ["demo/db-0"]);
+    let l = get(&http, &q("labelSelector=tier,app%20notin%20(db)"))
+        .await?
+        .json();
+    assert_eq!(names(&l), ["demo/web-1", "demo/web-2"]);
+    let l = get(&http, &q("fieldSelector=metadata.name%3Dweb-1"))
+        .await?
+        .json();
+    assert_eq!(names(&l), ["demo/web-1"]);
+    let l = get(
+        &http,
+        &q("fieldSelector=metadata.name!%3Dweb-1,status.phase%3DRunning"),
+    )
+    .await?
+    .json();
+    assert_eq!(names(&l), ["demo/db-0", "demo/web-2"]);
+
+    // Bad selectors: 400 worded like the API server.
+    let bad = get(&http, &q("labelSelector=app%20in%20(")).await?;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json(), fixture("errors/400-badselector.json"));
+    let bad = get(&http, &q("fieldSelector=spec.foo%3D1")).await?;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json(), fixture("errors/400-badfieldselector.json"));
+
+    // GET one; NotFound shaped like the server's.
+    let one = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web-1"),
+    )
+    .await?;
+    assert_eq!(one.status, 200);
+    assert_eq!(one.json()["metadata"]["resourceVersion"], "11");
+    let gone = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/other/pods/web-9"),
+    )
+    .await?;
+    assert_eq!(gone.status, 404);
+    let nope = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/nope"),
+    )
+    .await?;
+    assert_eq!(nope.status, 404);
+    assert_eq!(nope.json(), fixture("errors/404-notfound.json"));
+    let dep = get(
+        &http,
+        &sidecar.url("/accounts/prod/apis/apps/v1/namespaces/demo/deployments/web"),
+    )
+    .await?;
+    assert_eq!(dep.json()["kind"], "Deployment");
+    assert_eq!(dep.json()["apiVersion"], "apps/v1");
+
+    // Tables, as kubectl asks.
+    let table = request(
+        &http,
+        "GET",
+        &sidecar.url("/accounts/prod/apis/apps/v1/deployments"),
+        &[("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json")],
+        "",
+    )
+    .await?
+    .json();
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["rows"][0]["cells"][0], "web");
+    assert_eq!(table["rows"][0]["cells"][1], "1/2");
+    assert_eq!(table["rows"][0]["object"]["metadata"]["namespace"], "demo");
+
+    // Unknown account; known account without relay for what the cache cannot answer.
+    let unknown = get(&http, &sidecar.url("/accounts/nope/api/v1/pods")).await?;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.json()["reason"], "NotFound");
+    let unavailable = get(&http, &sidecar.url("/accounts/prod/api/v1/configmaps")).await?;
+    assert_eq!(unavailable.status, 503);
+    assert_eq!(unavailable.json()["reason"], "ServiceUnavailable");
+    let watch = get(&http, &sidecar.url("/accounts/prod/api/v1/pods?watch=true")).await?;
+    assert_eq!(watch.status, 503, "watches are relayed");
+
+    // The stream ends: offline, the cache is kept.
+    drop(cache);
+    wait_status(&sidecar, "prod", |s| !s.online).await?;
+    let still = get(&http, &sidecar.url("/accounts/prod/api/v1/pods")).await?;
+    assert_eq!(names(&still.json()).len(), 3);
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn streams_are_checked() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+
+    // No verified headers.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(v1::CacheUp { seq: 1, msg: None }).await?;
+    let err = client
+        .cache(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+
+    // First message not open, or open for another account.
+    for first in [
+        cache_up::Msg::Heartbeat(v1::Heartbeat { unix_millis: 1 }),
+        cache_up::Msg::Open(v1::CacheOpen {
+            account: "other".into(),
+            agent_id: "x".into(),
+        }),
+    ] {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(v1::CacheUp {
+            seq: 1,
+            msg: Some(first),
+        })
+        .await?;
+        let err = client
+            .cache(with_headers(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+                "prod",
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    let err = client.hello(v1::HelloRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(sidecar.accounts.status("prod").is_none());
+    sidecar.stop().await
+}

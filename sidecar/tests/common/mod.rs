@@ -1,0 +1,294 @@
+//! Shared harness of the sidecar's integration tests: a sidecar in insecure
+//! mode, a tonic client playing gateway + agent, and an HTTP client for the
+//! facade.
+#![allow(dead_code, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use spinlink_proto::headers;
+use spinlink_proto::v1::tunnel_client::TunnelClient;
+use spinlink_proto::v1::{self, cache_down, cache_up, relay_up};
+use spinlink_sidecar::{Config, Sidecar};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub const IDENTITY: &str = "spiffe://spinlink.dev/agent/test";
+
+pub struct Running {
+    pub tunnel: SocketAddr,
+    pub facade: SocketAddr,
+    pub accounts: spinlink_sidecar::Accounts,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<spinlink_sidecar::Result<()>>,
+}
+
+impl Running {
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.task.await??;
+        Ok(())
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.facade)
+    }
+
+    pub async fn client(&self) -> anyhow::Result<TunnelClient<Channel>> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.tunnel))?
+            .connect()
+            .await?;
+        Ok(TunnelClient::new(channel))
+    }
+}
+
+pub async fn start() -> anyhow::Result<Running> {
+    start_with("").await
+}
+
+pub async fn start_with(extra_facade: &str) -> anyhow::Result<Running> {
+    let yaml = format!(
+        "instanceId: test\ntunnel: {{ listen: 127.0.0.1:0, insecure: true }}\nfacade: {{ listen: 127.0.0.1:0{extra_facade} }}\n"
+    );
+    let config = Config::from_yaml_str(&yaml, "test.yaml")?;
+    let sidecar = Sidecar::bind(config).await?;
+    let shutdown = CancellationToken::new();
+    let running = Running {
+        tunnel: sidecar.tunnel_addr(),
+        facade: sidecar.facade_addr(),
+        accounts: sidecar.accounts(),
+        shutdown: shutdown.clone(),
+        task: tokio::spawn(sidecar.run(shutdown)),
+    };
+    Ok(running)
+}
+
+pub fn with_headers<T>(msg: T, account: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    let md = req.metadata_mut();
+    md.insert(headers::VERIFIED_ACCOUNT, account.parse().unwrap());
+    md.insert(headers::VERIFIED_IDENTITY, IDENTITY.parse().unwrap());
+    md.insert("authorization", "Bearer must-not-leak".parse().unwrap());
+    req
+}
+
+/// An agent's cache stream: messages up get consecutive sequence numbers.
+pub struct CacheStream {
+    pub tx: mpsc::Sender<v1::CacheUp>,
+    pub down: tonic::Streaming<v1::CacheDown>,
+    pub seq: u64,
+}
+
+impl CacheStream {
+    pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel(1024);
+        tx.send(v1::CacheUp {
+            seq: 1,
+            msg: Some(cache_up::Msg::Open(v1::CacheOpen {
+                account: account.into(),
+                agent_id: "test".into(),
+            })),
+        })
+        .await?;
+        let down = client
+            .cache(with_headers(ReceiverStream::new(rx), account))
+            .await?
+            .into_inner();
+        Ok(Self { tx, down, seq: 1 })
+    }
+
+    pub async fn send(&mut self, msg: cache_up::Msg) -> anyhow::Result<()> {
+        self.seq += 1;
+        self.tx
+            .send(v1::CacheUp {
+                seq: self.seq,
+                msg: Some(msg),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Waits for the sidecar to acknowledge everything sent: it acks only
+    /// what it has applied.
+    pub async fn wait_acked(&mut self) -> anyhow::Result<()> {
+        let want = self.seq;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(down) = self.down.message().await? {
+                if let Some(cache_down::Msg::Ack(a)) = down.msg
+                    && a.seq >= want
+                {
+                    return Ok(());
+                }
+            }
+            bail!("cache stream ended before the ack")
+        })
+        .await
+        .context("no ack")?
+    }
+}
+
+pub fn kind(group: &str, version: &str, resource: &str, kind: &str, namespaced: bool) -> v1::Kind {
+    v1::Kind {
+        group: group.into(),
+        version: version.into(),
+        resource: resource.into(),
+        kind: kind.into(),
+        namespaced,
+    }
+}
+
+pub fn added(kind: &v1::Kind, object: &Value) -> cache_up::Msg {
+    let rv = object["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("1")
+        .to_owned();
+    cache_up::Msg::Event(v1::WatchEvent {
+        r#type: v1::watch_event::Type::Added as i32,
+        kind: Some(kind.clone()),
+        resource_version: rv,
+        object: serde_json::to_vec(object).unwrap(),
+    })
+}
+
+/// Sends one full listing of `objects`.
+pub async fn sync(
+    cache: &mut CacheStream,
+    kind: &v1::Kind,
+    objects: &[Value],
+) -> anyhow::Result<()> {
+    cache
+        .send(cache_up::Msg::SyncStart(v1::SyncStart {
+            kind: Some(kind.clone()),
+        }))
+        .await?;
+    for o in objects {
+        cache.send(added(kind, o)).await?;
+    }
+    cache
+        .send(cache_up::Msg::SyncEnd(v1::SyncEnd {
+            kind: Some(kind.clone()),
+            resource_version: "1000".into(),
+        }))
+        .await
+}
+
+/// An agent's relay stream.
+pub struct RelayStream {
+    pub tx: mpsc::Sender<v1::RelayUp>,
+    pub down: tonic::Streaming<v1::RelayDown>,
+}
+
+impl RelayStream {
+    pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(v1::RelayUp {
+            msg: Some(relay_up::Msg::Open(v1::RelayOpen {
+                account: account.into(),
+                agent_id: "test".into(),
+            })),
+        })
+        .await?;
+        let down = client
+            .relay(with_headers(ReceiverStream::new(rx), account))
+            .await?
+            .into_inner();
+        Ok(Self { tx, down })
+    }
+
+    pub async fn send(&self, msg: relay_up::Msg) -> anyhow::Result<()> {
+        self.tx.send(v1::RelayUp { msg: Some(msg) }).await?;
+        Ok(())
+    }
+
+    pub async fn next(&mut self) -> anyhow::Result<v1::relay_down::Msg> {
+        let msg = tokio::time::timeout(Duration::from_secs(10), self.down.message())
+            .await
+            .context("nothing relayed")??
+            .context("relay stream ended")?;
+        msg.msg.context("empty RelayDown")
+    }
+}
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn http() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub struct Answer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub async fn request(
+    client: &HttpClient,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> anyhow::Result<Answer> {
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_owned())))?;
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .context("facade did not answer")??;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+pub async fn get(client: &HttpClient, url: &str) -> anyhow::Result<Answer> {
+    request(client, "GET", url, &[], "").await
+}
+
+/// Polls the accounts API until `pred` holds for the account (bounded).
+pub async fn wait_status(
+    running: &Running,
+    account: &str,
+    pred: impl Fn(&spinlink_sidecar::AccountStatus) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if running.accounts.status(account).is_some_and(|s| pred(&s)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "account {account} never reached the expected state: {:?}",
+                running.accounts.status(account)
+            );
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub fn fixture(path: &str) -> Value {
+    let full = format!("{}/../kube-sim/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_slice(&std::fs::read(&full).unwrap_or_else(|e| panic!("{full}: {e}"))).unwrap()
+}
