@@ -1,1 +1,169 @@
-fn main() {}
+//! `spinlink`: the one binary. Each subcommand parses its configuration,
+//! builds its component from the libraries, runs it, and drains it on SIGTERM
+//! or Ctrl-C. All logic lives in the component crates; start with [`dev`] to
+//! see how they fit together.
+#![forbid(unsafe_code)]
+
+mod dev;
+mod signal;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+/// How long a component may take to drain after a shutdown signal.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spinlink",
+    version,
+    about = "Connects Spinnaker to private Kubernetes clusters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent: watch clusters and dial out to a gateway.
+    Agent {
+        /// Agent configuration file (YAML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Load and validate the configuration, then exit.
+        #[arg(long)]
+        check_config: bool,
+    },
+    /// Run the gateway: the mTLS edge agents dial.
+    Gateway {
+        /// Gateway configuration file (YAML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the sidecar: cache clusters and serve them to Clouddriver and kubectl.
+    Sidecar {
+        /// Sidecar configuration file (YAML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the simulated Kubernetes API server.
+    KubeSim(KubeSimArgs),
+    /// Run kube-sim, sidecar, gateway and agent together with mTLS on, and
+    /// write a kubeconfig that reaches the cluster through the whole chain.
+    Dev(dev::DevArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct KubeSimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Write a kubeconfig pointing at the simulator to this file.
+    #[arg(long)]
+    kubeconfig_out: Option<PathBuf>,
+    /// Start with an empty cluster instead of the demo workload.
+    #[arg(long)]
+    empty: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run(cli.command))
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SPINLINK_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    signal::cancel_on_signal(shutdown.clone());
+    match command {
+        Command::Agent {
+            config,
+            check_config,
+        } => {
+            let cfg = spinlink_agent::Config::from_file(&config)?;
+            cfg.validate()?;
+            if check_config {
+                println!("ok: {}", config.display());
+                return Ok(());
+            }
+            let agent = spinlink_agent::Agent::new(cfg)?;
+            drain(agent.run(shutdown.clone()), &shutdown).await
+        }
+        Command::Gateway { config } => {
+            let cfg = spinlink_gateway::Config::from_file(&config)?;
+            cfg.validate()?;
+            let gateway = spinlink_gateway::Gateway::bind(cfg).await?;
+            announce("gateway", gateway.local_addr());
+            drain(gateway.run(shutdown.clone()), &shutdown).await
+        }
+        Command::Sidecar { config } => {
+            let cfg = spinlink_sidecar::Config::from_file(&config)?;
+            cfg.validate()?;
+            let sidecar = spinlink_sidecar::Sidecar::bind(cfg).await?;
+            announce("sidecar-tunnel", sidecar.tunnel_addr());
+            announce("sidecar-facade", sidecar.facade_addr());
+            drain(sidecar.run(shutdown.clone()), &shutdown).await
+        }
+        Command::KubeSim(args) => {
+            let sim = if args.empty {
+                spinlink_kube_sim::Sim::new()
+            } else {
+                spinlink_kube_sim::Sim::with_demo_workload()
+            };
+            let server = spinlink_kube_sim::Server::bind(sim, args.listen, None)
+                .await
+                .with_context(|| format!("binding kube-sim to {}", args.listen))?;
+            if let Some(path) = &args.kubeconfig_out {
+                spinlink_kube_sim::write_kubeconfig(path, &server.url(), "kube-sim", None)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            announce("kube-sim", server.local_addr());
+            drain(server.run(shutdown.clone()), &shutdown).await
+        }
+        Command::Dev(args) => dev::run(args, shutdown).await,
+    }
+}
+
+/// Prints the line tests and scripts read to find a listener.
+fn announce(what: &str, addr: SocketAddr) {
+    println!("listening: {what} {addr}");
+}
+
+/// Runs a component until it ends; once shutdown is signalled, gives it
+/// [`DEFAULT_DRAIN_GRACE`] to finish.
+async fn drain<F, E>(component: F, shutdown: &CancellationToken) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: Into<anyhow::Error>,
+{
+    tokio::pin!(component);
+    tokio::select! {
+        result = &mut component => return result.map_err(Into::into),
+        () = shutdown.cancelled() => {}
+    }
+    match tokio::time::timeout(DEFAULT_DRAIN_GRACE, component).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => anyhow::bail!("did not drain within {DEFAULT_DRAIN_GRACE:?}"),
+    }
+}

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -155,7 +155,11 @@ impl DevCa {
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         let cert = dir.join("ca.crt");
         write_file(&cert, self.cert_pem.as_bytes(), false)?;
-        write_file(&dir.join("ca.key"), self.issuer.key().serialize_pem().as_bytes(), true)?;
+        write_file(
+            &dir.join("ca.key"),
+            self.issuer.key().serialize_pem().as_bytes(),
+            true,
+        )?;
         Ok(cert)
     }
 
@@ -177,17 +181,23 @@ impl DevCa {
             params.subject_alt_names.push(SanType::IpAddress(*ip));
         }
         for uri in &leaf.uris {
-            params.subject_alt_names.push(SanType::URI(uri.clone().try_into()?));
+            params
+                .subject_alt_names
+                .push(SanType::URI(uri.clone().try_into()?));
         }
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
         if leaf.server {
-            params.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ServerAuth);
         }
         if leaf.client {
-            params.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth);
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ClientAuth);
         }
         params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();

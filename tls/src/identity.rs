@@ -75,15 +75,23 @@ mod tests {
     fn uri_san_wins_then_dns_then_cn() {
         let ca = DevCa::generate("test ca").unwrap();
         let both = ca
-            .issue(&Leaf::client("cn-a").with_uri("spiffe://t/agent/a").with_dns("a.example"))
+            .issue(
+                &Leaf::client("cn-a")
+                    .with_uri("spiffe://t/agent/a")
+                    .with_dns("a.example"),
+            )
             .unwrap();
         let cert = der(&both.cert_pem);
         assert_eq!(
-            identity_from_cert(&cert, &DEFAULT_IDENTITY_ORDER).unwrap().as_deref(),
+            identity_from_cert(&cert, &DEFAULT_IDENTITY_ORDER)
+                .unwrap()
+                .as_deref(),
             Some("spiffe://t/agent/a")
         );
         assert_eq!(
-            identity_from_cert(&cert, &[IdentitySource::DnsSan]).unwrap().as_deref(),
+            identity_from_cert(&cert, &[IdentitySource::DnsSan])
+                .unwrap()
+                .as_deref(),
             Some("a.example")
         );
         let cn_only = ca.issue(&Leaf::client("just-cn")).unwrap();
@@ -101,6 +109,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert!(identity_from_cert(&CertificateDer::from(vec![1, 2, 3]), &DEFAULT_IDENTITY_ORDER).is_err());
+        assert!(
+            identity_from_cert(
+                &CertificateDer::from(vec![1, 2, 3]),
+                &DEFAULT_IDENTITY_ORDER
+            )
+            .is_err()
+        );
     }
 }

@@ -1,0 +1,88 @@
+//! `spinlink dev` as a newcomer runs it: one process, mTLS on every hop, the
+//! simulated cluster behind it, and kubectl through the kubeconfig it writes.
+
+mod support;
+
+use support::{Kubectl, Proc};
+
+#[test]
+fn dev_serves_kubectl_through_the_whole_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let state = dir.join("state");
+    let mut dev = Proc::start(
+        "dev",
+        dir,
+        &[
+            "dev",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--gateway-listen",
+            "127.0.0.1:0",
+            "--facade-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let ready = dev.wait_line("ready: ");
+    let kubeconfig = state.join("kubeconfig");
+    assert!(ready.starts_with(kubeconfig.to_str().unwrap()), "{ready}");
+    let k = Kubectl::new(dir, "dev", &kubeconfig);
+
+    let pods = k.ok(&["get", "pods", "-A"]);
+    assert!(pods.contains("demo"), "{pods}");
+    let deploys = k.ok(&["get", "deployments", "-n", "demo", "-o", "name"]);
+    let first = deploys
+        .lines()
+        .next()
+        .expect("the demo workload has deployments");
+    let one = k.ok(&["get", "-n", "demo", first, "-o", "yaml"]);
+    assert!(one.contains("kind: Deployment"), "{one}");
+
+    k.ok_with_input(
+        &["apply", "-f", "-"],
+        Some(&support::deployment("demo", "dev-new")),
+    );
+    k.ok(&[
+        "scale",
+        "deployment",
+        "dev-new",
+        "-n",
+        "demo",
+        "--replicas=3",
+    ]);
+    support::wait_for("the scaled deployment", || {
+        let out = k.run_with_input(
+            &[
+                "get",
+                "deployment",
+                "dev-new",
+                "-n",
+                "demo",
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ],
+            None,
+        );
+        (out.stdout == b"3").then_some(())
+    });
+    k.ok(&["delete", "deployment", "dev-new", "-n", "demo"]);
+    support::wait_for("the deleted deployment to be gone", || {
+        let out = k.run_with_input(&["get", "deployment", "dev-new", "-n", "demo"], None);
+        (!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"))
+            .then_some(())
+    });
+
+    let secrets = k.ok(&["get", "secrets", "-A", "-o", "yaml"]);
+    assert!(secrets.contains("kind: Secret"), "{secrets}");
+    assert!(
+        !secrets.contains("\n    data:"),
+        "secret values left the cluster: {secrets}"
+    );
+
+    let status = dev.interrupt();
+    assert!(
+        status.success(),
+        "spinlink dev did not stop cleanly: {status:?}\n{}",
+        dev.log_tail()
+    );
+}

@@ -1,0 +1,332 @@
+//! What the end-to-end tests share: running the real `spinlink` binary as
+//! separate processes, real kubectl with its own HOME and cache, a loopback
+//! recorder that keeps every byte it relays, and bounded waits.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const SPINLINK: &str = env!("CARGO_BIN_EXE_spinlink");
+
+/// The longest any single wait in these tests may take.
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// A running `spinlink` process: its stdout lines are collected, its stderr
+/// goes to a log file printed when the test fails. Killed on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `spinlink <args>`, logging to `<dir>/<name>.log`.
+    pub fn start(name: &str, dir: &Path, args: &[&str]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let stderr = std::fs::File::create(&log).expect("creating log file");
+        let mut child = Command::new(SPINLINK)
+            .args(args)
+            .env("SPINLINK_LOG", "info,spinlink=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {SPINLINK} {args:?}: {e}"));
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            name: name.to_owned(),
+            child,
+            lines,
+            seen: Vec::new(),
+            log,
+        }
+    }
+
+    /// Waits for a stdout line starting with `prefix` and returns the rest.
+    pub fn wait_line(&mut self, prefix: &str) -> String {
+        if let Some(line) = self.seen.iter().find(|l| l.starts_with(prefix)) {
+            return line[prefix.len()..].trim().to_owned();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim().to_owned();
+                    }
+                }
+                Err(_) => panic!(
+                    "{}: no line starting with {prefix:?} (exited: {:?})\n{}",
+                    self.name,
+                    self.child.try_wait(),
+                    self.log_tail()
+                ),
+            }
+        }
+    }
+
+    /// Waits for `listening: <what> <addr>`.
+    pub fn listening(&mut self, what: &str) -> SocketAddr {
+        let rest = self.wait_line(&format!("listening: {what} "));
+        rest.parse()
+            .unwrap_or_else(|e| panic!("{}: bad address {rest:?}: {e}", self.name))
+    }
+
+    /// The last lines of the process's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let start = lines.len().saturating_sub(40);
+        format!("--- {} log ---\n{}", self.name, lines[start..].join("\n"))
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGINT (what Ctrl-C sends) and waits for the exit status.
+    pub fn interrupt(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for child") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not stop after SIGINT",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tail());
+        }
+    }
+}
+
+/// Real kubectl with a private HOME and discovery cache.
+pub struct Kubectl {
+    home: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// A kubectl for `kubeconfig`, with its HOME under `dir/<name>`.
+    pub fn new(dir: &Path, name: &str, kubeconfig: &Path) -> Kubectl {
+        let home = dir.join(format!("kubectl-{name}"));
+        std::fs::create_dir_all(&home).unwrap();
+        Kubectl {
+            home,
+            kubeconfig: kubeconfig.to_owned(),
+        }
+    }
+
+    /// Runs kubectl with `args` and `stdin`, returning its output.
+    pub fn run_with_input(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let bin = std::env::var("SPINLINK_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let mut child = Command::new(&bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.home.join("cache"))
+            .arg("--request-timeout=60s")
+            .args(args)
+            .env("HOME", &self.home)
+            .env_remove("KUBECONFIG")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {bin}: {e}"));
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs kubectl and returns stdout, panicking with stderr on failure.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.ok_with_input(args, None)
+    }
+
+    /// Like [`Kubectl::ok`] with standard input.
+    pub fn ok_with_input(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run_with_input(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}\nstdout: {}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// Polls `check` until it returns `Some`, for at most [`WAIT`].
+pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A plain HTTP/1.1 request on loopback; returns status and body.
+pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connecting");
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A TCP relay on loopback that records every byte in both directions.
+#[derive(Clone)]
+pub struct Recorder {
+    pub addr: SocketAddr,
+    bytes: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Recorder {
+    /// Listens on an ephemeral loopback port and relays to `upstream`.
+    pub fn start(upstream: SocketAddr) -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let recorder = Recorder {
+            addr: listener.local_addr().unwrap(),
+            bytes: Arc::default(),
+        };
+        let bytes = recorder.bytes.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { break };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let bytes = bytes.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            bytes.lock().unwrap().extend_from_slice(&buf[..n]);
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        recorder
+    }
+
+    /// Everything relayed so far.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+}
+
+/// Whether `haystack` contains `needle`.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Writes a kubeconfig whose one context reaches `server`.
+pub fn write_kubeconfig(path: &Path, server: &str) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+         users:\n- name: u\n  user: {{}}\n"
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+/// A Deployment manifest named `name` in `namespace`.
+pub fn deployment(namespace: &str, name: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  \
+         labels:\n    app: {name}\nspec:\n  replicas: 1\n  selector:\n    matchLabels:\n      app: {name}\n  \
+         template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      \
+         - name: web\n        image: nginx:1.27\n        ports:\n        - containerPort: 80\n"
+    )
+}
