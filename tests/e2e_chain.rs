@@ -227,10 +227,8 @@ fn agent_gateway_sidecar_kubectl() {
         !contains(&forwarded, SENTINEL_B64.as_bytes()),
         "the encoded secret value crossed the gateway"
     );
-    assert!(
-        !contains(&forwarded, headers::TOKEN.as_bytes()),
-        "a channel token header crossed the gateway"
-    );
+    // Whether the token header went upstream is checked on decoded headers in
+    // the gateway's own tests: HPACK hides header bytes from a recorder.
 
     // Misbehaving agents, played with the agent's own connector.
     let runtime = tokio::runtime::Runtime::new().unwrap();
