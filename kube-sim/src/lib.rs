@@ -28,13 +28,13 @@ mod fixtures;
 mod kubeconfig;
 pub mod patch;
 pub mod resources;
-pub mod selector;
 mod server;
 mod store;
-pub mod table;
 
 pub use config::{ChurnConfig, SimConfig};
 pub use error::{Error, Result, Status, StatusCause, StatusDetails};
 pub use kubeconfig::write_kubeconfig;
 pub use server::Server;
+/// Selectors and Tables are the shared Kubernetes API semantics of `spinlink-kube-api`.
+pub use spinlink_kube_api::{selector, table};
 pub use store::{EventType, SYSTEM_NAMESPACES, Sim};

@@ -26,10 +26,16 @@ pub struct ResourceInfo {
 impl ResourceInfo {
     /// `plural` or `plural.group`, as error messages name the resource.
     pub fn qualified(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.to_string()
-        } else {
-            format!("{}.{}", self.plural, self.group)
+        self.api().qualified()
+    }
+
+    /// The resource as the shared API semantics (selectors, tables, statuses) take it.
+    pub fn api(&self) -> spinlink_kube_api::Resource<'static> {
+        spinlink_kube_api::Resource {
+            group: self.group,
+            version: self.version,
+            plural: self.plural,
+            kind: self.kind,
         }
     }
 

@@ -62,8 +62,7 @@ fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
 }
 
 fn status_response(s: &Status) -> Response<Body> {
-    let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(code, &s.to_value())
+    s.to_http().map(|b| Full::new(b).boxed())
 }
 
 fn result_response(code: StatusCode, r: Result<Value, Status>) -> Response<Body> {
@@ -320,7 +319,8 @@ async fn resource(
             Ok(obj) => match table {
                 Some(include) => {
                     let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
-                    json_response(StatusCode::OK, &table::table(res, [&obj], meta, include))
+                    let t = table::table(res.api(), [&obj], meta, include, chrono::Utc::now());
+                    json_response(StatusCode::OK, &t)
                 }
                 None => json_response(StatusCode::OK, &obj),
             },
@@ -385,8 +385,12 @@ async fn resource(
 }
 
 fn selectors(res: &ResourceInfo, query: &Query) -> Result<Selectors, Status> {
-    Selectors::parse(res, query.get("labelSelector"), query.get("fieldSelector"))
-        .map_err(|e| Status::bad_request(e.0))
+    Selectors::parse(
+        res.api(),
+        query.get("labelSelector"),
+        query.get("fieldSelector"),
+    )
+    .map_err(|e| Status::bad_request(e.to_string()))
 }
 
 fn parse_rv(s: Option<&str>) -> Result<Option<u64>, Status> {
@@ -441,7 +445,13 @@ fn list(
     if let Some(include) = table {
         return json_response(
             StatusCode::OK,
-            &table::table(res, page.items.iter().map(|o| &**o), meta, include),
+            &table::table(
+                res.api(),
+                page.items.iter().map(|o| &**o),
+                meta,
+                include,
+                chrono::Utc::now(),
+            ),
         );
     }
     // Items in a list carry no kind/apiVersion, as the real server sends them.
@@ -580,7 +590,7 @@ fn scale(
             .as_str()
             .unwrap_or_default();
         if !rv.is_empty() && Some(rv) != current["metadata"]["resourceVersion"].as_str() {
-            return Err(Status::conflict(res, name));
+            return Err(Status::conflict(res.api(), name));
         }
         let Some(replicas) = wanted["spec"]["replicas"].as_i64().filter(|r| *r >= 0) else {
             return Err(Status::invalid(

@@ -77,7 +77,13 @@ impl Writer {
                 let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
                 frame(
                     ty.as_str(),
-                    &table::table(self.req.filter.res, [&**obj], meta, include),
+                    &table::table(
+                        self.req.filter.res.api(),
+                        [&**obj],
+                        meta,
+                        include,
+                        chrono::Utc::now(),
+                    ),
                 )
             }
             None => frame(ty.as_str(), obj),

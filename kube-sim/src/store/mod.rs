@@ -407,10 +407,10 @@ impl Sim {
             })
         {
             let ns_res = resources::by_plural("namespaces").expect("namespaces are served");
-            return Err(Status::not_found(ns_res, &key.namespace));
+            return Err(Status::not_found(ns_res.api(), &key.namespace));
         }
         if st.objects.contains_key(&key) {
-            return Err(Status::already_exists(res, &name));
+            return Err(Status::already_exists(res.api(), &name));
         }
         meta::default_on_create(res, &mut body, st.rv + 1);
         if !opts.keep_status || body["status"].is_null() {
@@ -447,7 +447,7 @@ impl Sim {
             .objects
             .get(&key)
             .cloned()
-            .ok_or_else(|| Status::not_found(res, name))?;
+            .ok_or_else(|| Status::not_found(res.api(), name))?;
         let new = Self::prepare_update(res, &key, &old, body, opts)?;
         self.finish_update(st, res, key, &old, new, opts)
     }
@@ -500,7 +500,7 @@ impl Sim {
         let key = Self::key(res, namespace, name);
         let Some(old) = st.objects.get(&key).cloned() else {
             if patch_type != PatchType::Apply || subresource != Subresource::Main {
-                return Err(Status::not_found(res, name));
+                return Err(Status::not_found(res.api(), name));
             }
             drop(st);
             let mut body = patch.clone();
@@ -539,7 +539,7 @@ impl Sim {
             .objects
             .get(&key)
             .cloned()
-            .ok_or_else(|| Status::not_found(res, name))?;
+            .ok_or_else(|| Status::not_found(res.api(), name))?;
         let new = f(&old)?;
         let new = Self::prepare_update(res, &key, &old, new, opts)?;
         self.finish_update(st, res, key, &old, new, opts)
@@ -579,7 +579,7 @@ impl Sim {
         let old_rv = meta_str(old, "resourceVersion").unwrap_or_default();
         match meta_str(&body, "resourceVersion") {
             Some(rv) if !rv.is_empty() && rv != old_rv && !opts.ignore_rv => {
-                return Err(Status::conflict(res, name));
+                return Err(Status::conflict(res.api(), name));
             }
             _ => {}
         }
@@ -667,12 +667,12 @@ impl Sim {
             .objects
             .get(&key)
             .cloned()
-            .ok_or_else(|| Status::not_found(res, name))?;
+            .ok_or_else(|| Status::not_found(res.api(), name))?;
         let uid = meta_str(&old, "uid").unwrap_or_default().to_string();
         if let Some(want) = &opts.uid
             && *want != uid
         {
-            let mut s = Status::conflict(res, name);
+            let mut s = Status::conflict(res.api(), name);
             s.message = format!(
                 "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {want}, UID in object meta: {uid}",
                 res.qualified()
@@ -682,7 +682,7 @@ impl Sim {
         if let Some(want) = &opts.resource_version
             && want != meta_str(&old, "resourceVersion").unwrap_or_default()
         {
-            let mut s = Status::conflict(res, name);
+            let mut s = Status::conflict(res.api(), name);
             s.message = format!(
                 "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {}",
                 res.qualified(),
@@ -704,7 +704,7 @@ impl Sim {
                 }
                 o
             }
-            _ => Status::success_deleted(res, name, &uid).to_value(),
+            _ => Status::success_deleted(res.api(), name, &uid).to_value(),
         };
         if opts.dry_run {
             return Ok(answer);
@@ -757,7 +757,7 @@ impl Sim {
             .objects
             .get(&key)
             .map(|o| (**o).clone())
-            .ok_or_else(|| Status::not_found(res, name))
+            .ok_or_else(|| Status::not_found(res.api(), name))
     }
 
     /// Whether namespace `name` exists.

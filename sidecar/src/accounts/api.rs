@@ -7,7 +7,9 @@ use http::{Method, Response, StatusCode, header};
 
 use super::Accounts;
 use crate::facade::body::{Body, full};
-use crate::facade::status::Failure;
+use spinlink_kube_api::Status;
+
+use crate::facade::body::status as status_response;
 
 /// The path prefix this API answers.
 pub const PREFIX: &str = "/v1/accounts";
@@ -26,19 +28,25 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
 /// Answers a request whose path starts with [`PREFIX`].
 pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
-        return Failure::method_not_allowed(method.as_str()).into_response();
+        // The accounts API is ours, so the message may name the method.
+        return status_response(&Status::new(
+            405,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource: {method}"),
+        ));
     }
     let rest = path.strip_prefix(PREFIX).unwrap_or_default();
     match rest.trim_start_matches('/') {
         "" => json(&accounts.list()),
         name if !name.contains('/') => match accounts.status(name) {
             Some(status) => json(&status),
-            None => Failure::not_found(format!("account \"{name}\" not found")).into_response(),
+            None => status_response(&Status::not_found_message(format!(
+                "account \"{name}\" not found"
+            ))),
         },
-        _ => Failure::not_found(format!(
+        _ => status_response(&Status::not_found_message(format!(
             "the server could not find the requested resource ({path})"
-        ))
-        .into_response(),
+        ))),
     }
 }
 

@@ -1,8 +1,11 @@
 //! The response body type of the facade: a boxed body of bytes, either a
-//! whole document or chunks streamed from a relayed response.
+//! whole document or chunks streamed from a relayed response; and the one place a
+//! `metav1.Status` becomes a response ([`status`]).
 
 use bytes::Bytes;
+use http::Response;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use spinlink_kube_api::Status;
 
 /// The error a streamed body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -15,4 +18,9 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
+}
+
+/// The response for a failure: its code and the `metav1.Status` as JSON.
+pub fn status(status: &Status) -> Response<Body> {
+    status.to_http().map(full)
 }

@@ -3,15 +3,13 @@
 //! (`/v1/accounts`). A request is answered, in this order, from the
 //! discovery snapshot ([`read::discovery`]), from the cache
 //! ([`route::from_cache`], [`read::resource`]), or relayed live to the agent
-//! ([`relay`]). Every error is a `metav1.Status` ([`status`]).
+//! ([`relay`]). Every error is a `metav1.Status` from `spinlink-kube-api`, answered
+//! by [`body::status`].
 
 pub mod body;
 pub mod read;
 pub mod relay;
 pub mod route;
-pub mod selector;
-pub mod status;
-pub mod table;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::accounts::{self, Accounts};
 use body::Body;
 use route::{Query, ResourcePath};
-use status::Failure;
+use spinlink_kube_api::Status;
 
 /// How long open connections may finish after shutdown before they are cut.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
@@ -59,13 +57,14 @@ impl Facade {
             return accounts::api::handle(&self.accounts, req.method(), &path);
         }
         let Some((name, k8s_path)) = route::split_account(&path) else {
-            return Failure::not_found(format!(
+            return body::status(&Status::not_found_message(format!(
                 "the server could not find the requested resource ({path}); use /accounts/<name>/..."
-            ))
-            .into_response();
+            )));
         };
         let Some(account) = self.accounts.get(&name) else {
-            return Failure::not_found(format!("account \"{name}\" not found")).into_response();
+            return body::status(&Status::not_found_message(format!(
+                "account \"{name}\" not found"
+            )));
         };
         let accept = req
             .headers()

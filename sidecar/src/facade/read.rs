@@ -10,12 +10,11 @@ use http::{Response, StatusCode, header};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::body::{Body, full};
+use super::body::{self, Body, full};
 use super::route::{Query, ResourcePath};
-use super::selector::{FieldSelector, LabelSelector};
-use super::status::Failure;
-use super::table::{self, IncludeObject};
 use crate::accounts::Account;
+use spinlink_kube_api::table::{self, IncludeObject};
+use spinlink_kube_api::{Resource, Selectors, Status};
 
 fn json_response(body: Vec<u8>, content_type: &str) -> Response<Body> {
     let mut resp = Response::new(full(Bytes::from(body)));
@@ -60,6 +59,16 @@ struct List<'a> {
     items: Vec<&'a Value>,
 }
 
+/// The resource `path` names, as the shared API semantics take it.
+fn resource_of<'a>(path: &'a ResourcePath, kind: &'a str) -> Resource<'a> {
+    Resource {
+        group: &path.group,
+        version: &path.version,
+        plural: &path.resource,
+        kind,
+    }
+}
+
 /// Answers a GET or LIST of `path` from the cache, or `None` to relay.
 pub fn resource(
     account: &Account,
@@ -82,9 +91,10 @@ pub fn resource(
             }
             let key = (path.namespace.clone().unwrap_or_default(), name.clone());
             let Some(entry) = kind.objects.get(&key) else {
-                return Some(
-                    Failure::object_not_found(&path.group, &path.resource, name).into_response(),
-                );
+                return Some(body::status(&Status::not_found(
+                    resource_of(path, &kind.info.kind),
+                    name,
+                )));
             };
             (
                 vec![entry.object.clone()],
@@ -92,23 +102,19 @@ pub fn resource(
                 kind.resource_version.clone(),
             )
         } else {
-            let labels = match LabelSelector::parse(query.get("labelSelector").unwrap_or("")) {
-                Ok(s) => s,
-                Err(e) => return Some(Failure::bad_request(e.0).into_response()),
-            };
-            let fields = match FieldSelector::parse(
-                query.get("fieldSelector").unwrap_or(""),
-                &path.group,
-                &path.resource,
+            let selectors = match Selectors::parse(
+                resource_of(path, &kind.info.kind),
+                query.get("labelSelector"),
+                query.get("fieldSelector"),
             ) {
                 Ok(s) => s,
-                Err(e) => return Some(Failure::bad_request(e.0).into_response()),
+                Err(e) => return Some(body::status(&Status::bad_request(e.to_string()))),
             };
             let objects: Vec<Arc<Value>> = kind
                 .objects
                 .iter()
                 .filter(|((ns, _), _)| path.namespace.as_ref().is_none_or(|want| want == ns))
-                .filter(|(_, e)| labels.matches(&e.object) && fields.matches(&e.object))
+                .filter(|(_, e)| selectors.matches(&e.object))
                 .map(|(_, e)| e.object.clone())
                 .collect();
             (objects, kind.info.clone(), kind.resource_version.clone())
@@ -122,7 +128,18 @@ pub fn resource(
     let refs: Vec<&Value> = objects.iter().map(|o| o.as_ref()).collect();
     let body = if table::wants_table(accept) {
         let include = IncludeObject::parse(query.get("includeObject"));
-        let t = table::build(&path.resource, &refs, &rv, include, chrono::Utc::now());
+        let meta = if rv.is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({"resourceVersion": rv})
+        };
+        let t = table::table(
+            resource_of(path, &info.kind),
+            refs,
+            meta,
+            include,
+            chrono::Utc::now(),
+        );
         serde_json::to_vec(&t)
     } else if path.name.is_some() {
         serde_json::to_vec(refs[0])

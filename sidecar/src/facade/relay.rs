@@ -16,11 +16,11 @@ use http_body_util::BodyExt;
 use spinlink_proto::v1::{self, relay_down};
 use tokio::sync::mpsc;
 
-use super::body::{Body, BoxError};
+use super::body::{self, Body, BoxError};
 use super::route::Query;
-use super::status::Failure;
 use crate::accounts::Account;
 use crate::tunnel::relay::RelayHandle;
+use spinlink_kube_api::Status;
 
 /// Request headers passed to the agent; everything else (Authorization,
 /// cookies, proxy headers) stays here.
@@ -110,11 +110,10 @@ where
     B::Error: std::fmt::Display + Send,
 {
     let Some(handle) = account.relay() else {
-        return Failure::unavailable(format!(
+        return body::status(&Status::unavailable(format!(
             "account {:?} has no relay stream from its agent",
             account.name()
-        ))
-        .into_response();
+        )));
     };
     let (parts, body) = req.into_parts();
     let raw_query = parts.uri.query().unwrap_or("").to_owned();
@@ -147,26 +146,25 @@ where
     };
     if handle.send(relay_down::Msg::Head(head)).await.is_err() {
         guard.done = true;
-        return Failure::unavailable("the relay stream to the agent closed").into_response();
+        return body::status(&Status::unavailable("the relay stream to the agent closed"));
     }
     if !end_stream {
         tokio::spawn(send_body(handle.clone(), id, body));
     }
     let head = match tokio::time::timeout(timeout, exchange.head).await {
         Err(_) => {
-            return Failure::timeout(format!(
+            return body::status(&Status::timeout(format!(
                 "the agent did not answer within {}s",
                 timeout.as_secs()
-            ))
-            .into_response();
+            )));
         }
         Ok(Err(_)) => {
             guard.done = true;
-            return Failure::unavailable("the relay stream to the agent closed").into_response();
+            return body::status(&Status::unavailable("the relay stream to the agent closed"));
         }
         Ok(Ok(Err(failure))) => {
             guard.done = true;
-            return failure.into_response();
+            return body::status(&failure);
         }
         Ok(Ok(Ok(head))) => head,
     };

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
 use crate::accounts::Account;
-use crate::facade::status::Failure;
+use spinlink_kube_api::Status;
 
 /// Messages queued towards the agent per relay stream.
 pub const DEFAULT_DOWN_CAPACITY: usize = 64;
@@ -39,7 +39,7 @@ pub struct Head {
 }
 
 /// What a relayed request's head resolves to.
-pub type HeadResult = Result<Head, Failure>;
+pub type HeadResult = Result<Head, Status>;
 
 #[derive(Debug)]
 struct Pending {
@@ -201,7 +201,7 @@ impl RelayHandle {
         };
         tracing::debug!(id = error.id, status = error.status, message = %error.message, "relayed request failed in the agent");
         if let Some(tx) = p.head.take() {
-            let _ = tx.send(Err(Failure::from_agent(error.status, error.message)));
+            let _ = tx.send(Err(Status::from_code(error.status, error.message)));
         }
         // With a head already sent, dropping the sender ends the body.
     }
@@ -211,7 +211,7 @@ impl RelayHandle {
         let drained: Vec<Pending> = self.pending().drain().map(|(_, p)| p).collect();
         for mut p in drained {
             if let Some(tx) = p.head.take() {
-                let _ = tx.send(Err(Failure::unavailable(
+                let _ = tx.send(Err(Status::unavailable(
                     "the relay stream to the agent closed before it answered",
                 )));
             }

@@ -1,10 +1,15 @@
-//! Label selectors, parsed as `k8s.io/apimachinery/pkg/labels` parses them.
+//! Label selectors, parsed as `k8s.io/apimachinery/pkg/labels` parses them: the same
+//! lexer (ASCII whitespace only, keywords that are identifiers where a value is
+//! expected), the same error wording, the same validation of keys and values.
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::{Error, Result};
+use super::Error;
+
+/// Parser steps fail with the server's message; [`LabelSelector::parse`] wraps it.
+type Result<T, E = String> = std::result::Result<T, E>;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Op {
@@ -68,6 +73,12 @@ impl Tok {
     }
 }
 
+/// The Go lexer's whitespace: ASCII only, so a non-breaking or other Unicode space is
+/// part of an identifier (and then an invalid key or value), not a separator.
+fn is_whitespace(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n')
+}
+
 fn is_special(c: char) -> bool {
     matches!(c, '=' | '!' | '(' | ')' | ',' | '>' | '<')
 }
@@ -77,7 +88,7 @@ fn lex(input: &str) -> Vec<Tok> {
     let mut i = 0;
     let mut out = Vec::new();
     loop {
-        while i < chars.len() && chars[i].is_whitespace() {
+        while i < chars.len() && is_whitespace(chars[i]) {
             i += 1;
         }
         if i >= chars.len() {
@@ -105,7 +116,7 @@ fn lex(input: &str) -> Vec<Tok> {
             i += len;
         } else {
             let start = i;
-            while i < chars.len() && !chars[i].is_whitespace() && !is_special(chars[i]) {
+            while i < chars.len() && !is_whitespace(chars[i]) && !is_special(chars[i]) {
                 i += 1;
             }
             let word: String = chars[start..i].iter().collect();
@@ -148,33 +159,33 @@ impl Parser {
                 Tok::Ident(_) | Tok::Not => {
                     let r = self
                         .requirement()
-                        .map_err(|e| Error(format!("unable to parse requirement: {}", e.0)))?;
+                        .map_err(|e| format!("unable to parse requirement: {e}"))?;
                     reqs.push(r);
                     match self.consume(true) {
                         Tok::End => return Ok(reqs),
                         Tok::Comma => match self.lookahead(true) {
                             Tok::Ident(_) | Tok::Not => {}
                             t => {
-                                return Err(Error(format!(
+                                return Err(format!(
                                     "found '{}', expected: identifier after ','",
                                     t.literal()
-                                )));
+                                ));
                             }
                         },
                         t => {
-                            return Err(Error(format!(
+                            return Err(format!(
                                 "found '{}', expected: ',' or 'end of string'",
                                 t.literal()
-                            )));
+                            ));
                         }
                     }
                 }
                 Tok::End => return Ok(reqs),
                 t => {
-                    return Err(Error(format!(
+                    return Err(format!(
                         "found '{}', expected: !, identifier, or 'end of string'",
                         t.literal()
-                    )));
+                    ));
                 }
             }
         }
@@ -188,10 +199,7 @@ impl Parser {
             tok = self.consume(true);
         }
         let Tok::Ident(key) = tok else {
-            return Err(Error(format!(
-                "found '{}', expected: identifier",
-                tok.literal()
-            )));
+            return Err(format!("found '{}', expected: identifier", tok.literal()));
         };
         validate_key(&key)?;
         if matches!(self.lookahead(true), Tok::End | Tok::Comma) && op.is_none() {
@@ -212,19 +220,17 @@ impl Parser {
             Tok::Gt => Op::GreaterThan,
             Tok::Lt => Op::LessThan,
             t => {
-                return Err(Error(format!(
+                return Err(format!(
                     "found '{}', expected: in, notin, =, ==, !=, gt, lt",
                     t.literal()
-                )));
+                ));
             }
         };
         let values = match op {
             Op::In | Op::NotIn => self.set_values()?,
             _ => self.exact_value()?,
         };
-        for v in &values {
-            validate_value(&key, v, &op)?;
-        }
+        validate_values(&key, &values, &op)?;
         Ok(Requirement { key, op, values })
     }
 
@@ -234,24 +240,21 @@ impl Parser {
         }
         match self.consume(true) {
             Tok::Ident(v) => Ok(BTreeSet::from([v])),
-            t => Err(Error(format!(
-                "found '{}', expected: identifier",
-                t.literal()
-            ))),
+            t => Err(format!("found '{}', expected: identifier", t.literal())),
         }
     }
 
     fn set_values(&mut self) -> Result<BTreeSet<String>> {
         let t = self.consume(true);
         if t != Tok::Open {
-            return Err(Error(format!("found '{}' expected: '('", t.literal())));
+            return Err(format!("found '{}' expected: '('", t.literal()));
         }
         match self.lookahead(true) {
             Tok::Ident(_) | Tok::Comma => {
                 let set = self.identifiers()?;
                 let t = self.consume(true);
                 if t != Tok::Close {
-                    return Err(Error(format!("found '{}', expected: ')'", t.literal())));
+                    return Err(format!("found '{}', expected: ')'", t.literal()));
                 }
                 Ok(set)
             }
@@ -259,10 +262,10 @@ impl Parser {
                 self.consume(true);
                 Ok(BTreeSet::from([String::new()]))
             }
-            t => Err(Error(format!(
+            t => Err(format!(
                 "found '{}', expected: ',', ')' or identifier",
                 t.literal()
-            ))),
+            )),
         }
     }
 
@@ -276,10 +279,7 @@ impl Parser {
                         Tok::Comma => continue,
                         Tok::Close => return Ok(set),
                         t => {
-                            return Err(Error(format!(
-                                "found '{}', expected: ',' or ')'",
-                                t.literal()
-                            )));
+                            return Err(format!("found '{}', expected: ',' or ')'", t.literal()));
                         }
                     }
                 }
@@ -300,10 +300,10 @@ impl Parser {
                     }
                 }
                 t => {
-                    return Err(Error(format!(
+                    return Err(format!(
                         "found '{}', expected: ',', or identifier",
                         t.literal()
-                    )));
+                    ));
                 }
             }
         }
@@ -335,48 +335,59 @@ fn validate_key(key: &str) -> Result<()> {
                         && !l.ends_with('-')
                 });
             if !ok {
-                return Err(Error(format!(
+                return Err(format!(
                     "key: Invalid value: {key:?}: prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-                )));
+                ));
             }
             name
         }
         None => key,
     };
     if !valid_name_part(name) {
-        return Err(Error(format!(
+        return Err(format!(
             "key: Invalid value: {key:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
-        )));
+        ));
     }
     Ok(())
 }
 
-fn validate_value(key: &str, value: &str, op: &Op) -> Result<()> {
+/// `NewRequirement`'s checks of the values: integers for `gt`/`lt`, then label-value
+/// syntax for each, reported together as an aggregate when more than one fails.
+fn validate_values(key: &str, values: &BTreeSet<String>, op: &Op) -> Result<()> {
+    let mut errs = Vec::new();
     if matches!(op, Op::GreaterThan | Op::LessThan) {
-        return value.parse::<i64>().map(|_| ()).map_err(|_| {
-            Error(format!(
-                "values[0][{key}]: Invalid value: {value:?}: for 'Gt', 'Lt' operators, the value must be an integer"
-            ))
-        });
+        for (i, value) in values.iter().enumerate() {
+            if value.parse::<i64>().is_err() {
+                errs.push(format!(
+                    "values[{i}]: Invalid value: {value:?}: for 'Gt', 'Lt' operators, the value must be an integer"
+                ));
+            }
+        }
     }
-    if value.is_empty() || valid_name_part(value) {
-        Ok(())
-    } else {
-        Err(Error(format!(
-            "values[0][{key}]: Invalid value: {value:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
-        )))
+    for (i, value) in values.iter().enumerate() {
+        if !value.is_empty() && !valid_name_part(value) {
+            errs.push(format!(
+                "values[{i}][{key}]: Invalid value: {value:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+            ));
+        }
+    }
+    // `utilerrors.Aggregate`: one error as itself, several as a bracketed list.
+    match errs.len() {
+        0 => Ok(()),
+        1 => Err(errs.remove(0)),
+        _ => Err(format!("[{}]", errs.join(", "))),
     }
 }
 
 impl LabelSelector {
-    /// Parses a selector; the empty string selects everything.
-    pub fn parse(input: &str) -> Result<Self> {
+    /// Parses a `labelSelector`; the empty string selects everything.
+    pub fn parse(input: &str) -> Result<Self, Error> {
         let mut parser = Parser {
             toks: lex(input),
             pos: 0,
         };
         Ok(LabelSelector {
-            requirements: parser.parse()?,
+            requirements: parser.parse().map_err(Error::InvalidLabelSelector)?,
         })
     }
 
@@ -458,7 +469,7 @@ mod tests {
 
     #[test]
     fn errors_use_the_real_wording() {
-        let err = |s: &str| LabelSelector::parse(s).unwrap_err().0;
+        let err = |s: &str| LabelSelector::parse(s).unwrap_err().to_string();
         assert_eq!(
             err("app in ("),
             "unable to parse requirement: found '', expected: ',', ')' or identifier"
@@ -480,6 +491,99 @@ mod tests {
         assert!(err("a=@@").contains("Invalid value"));
     }
 
+    // From the sidecar's facade.
+
+    fn obj_in_demo(labels: Value) -> Value {
+        json!({"metadata": {"name": "n1", "namespace": "demo", "labels": labels}})
+    }
+
+    #[test]
+    fn label_operators_match() {
+        let o = obj_in_demo(json!({"app": "web", "tier": "front", "n": "5"}));
+        let yes = [
+            "",
+            "app=web",
+            "app==web",
+            "app!=db",
+            "app in (web,db)",
+            "app notin (db)",
+            "app",
+            "!missing",
+            "app=web,tier=front",
+            "missing!=x",
+            "n>3",
+            "n<6",
+            " app = web , tier in ( front ) ",
+        ];
+        for s in yes {
+            assert!(LabelSelector::parse(s).unwrap().matches(&o), "{s}");
+        }
+        let no = [
+            "app=db",
+            "app!=web",
+            "app in (db)",
+            "app notin (web)",
+            "missing",
+            "!app",
+            "app=web,tier=back",
+            "n>5",
+            "missing in (x)",
+        ];
+        for s in no {
+            assert!(!LabelSelector::parse(s).unwrap().matches(&o), "{s}");
+        }
+    }
+
+    #[test]
+    fn label_errors_are_worded_like_the_api_server() {
+        // The fixture kube-sim/fixtures/errors/400-badselector.json.
+        assert_eq!(
+            LabelSelector::parse("app in (").unwrap_err().to_string(),
+            "unable to parse requirement: found '', expected: ',', ')' or identifier"
+        );
+        assert!(LabelSelector::parse("app=web,").is_err());
+        assert!(LabelSelector::parse("=x").is_err());
+        assert!(LabelSelector::parse("app in web").is_err());
+        assert!(LabelSelector::parse("app >x").is_err());
+        assert!(LabelSelector::parse("app=web)").is_err());
+        assert!(LabelSelector::parse("a=b=c").is_err());
+        assert!(LabelSelector::parse("-bad=x").is_err());
+    }
+
+    // Where the two earlier versions differed, apimachinery's wording.
+    #[test]
+    fn value_errors_name_the_path_as_apimachinery_does() {
+        let err = |s: &str| LabelSelector::parse(s).unwrap_err().to_string();
+        assert_eq!(
+            err("n>x"),
+            "unable to parse requirement: values[0]: Invalid value: \"x\": for 'Gt', 'Lt' operators, the value must be an integer"
+        );
+        assert!(err("app=-x").starts_with(
+            "unable to parse requirement: values[0][app]: Invalid value: \"-x\": a valid label"
+        ));
+        assert!(err("n>-x").starts_with(
+            "unable to parse requirement: [values[0]: Invalid value: \"-x\": for 'Gt', 'Lt'"
+        ));
+        // `!k` takes no operator; the parser, not the requirement, refuses what follows.
+        assert_eq!(err("!a=b"), "found '=', expected: ',' or 'end of string'");
+        assert!(
+            err("-bad=x").starts_with(
+                "unable to parse requirement: key: Invalid value: \"-bad\": name part"
+            )
+        );
+        assert!(err("Ex.com/a=x").starts_with(
+            "unable to parse requirement: key: Invalid value: \"Ex.com/a\": prefix part"
+        ));
+    }
+
+    #[test]
+    fn only_ascii_whitespace_separates() {
+        // The Go lexer reads bytes and skips only ' ', '\t', '\r' and '\n'.
+        assert!(sel(" \tapp\r\n=\nweb ").matches(&obj(json!({"app": "web"}))));
+        assert!(LabelSelector::parse("\u{202f}").is_err());
+        assert!(LabelSelector::parse("app=web\u{a0}").is_err());
+    }
+
     proptest! {
         #[test]
         fn parser_never_panics(s in ".{0,64}") {
@@ -491,6 +595,27 @@ mod tests {
             if let Ok(sel) = LabelSelector::parse(&s) {
                 let _ = sel.matches(&obj(json!({"a": "b"})));
             }
+        }
+
+        #[test]
+        fn label_parser_never_panics(s in "\\PC{0,40}") {
+            let _ = LabelSelector::parse(&s);
+        }
+
+        #[test]
+        fn label_parser_never_panics_on_selector_alphabet(s in "[a-z!=(), <>in]{0,30}") {
+            if let Ok(sel) = LabelSelector::parse(&s) {
+                let _ = sel.matches(&obj_in_demo(json!({"a": "b"})));
+            }
+        }
+
+        #[test]
+        fn equality_roundtrip(k in "[a-z][a-z0-9]{0,8}", v in "[a-z][a-z0-9]{0,8}") {
+            let sel = LabelSelector::parse(&format!("{k}={v}")).unwrap();
+            let labels = obj_in_demo(json!({ k.clone(): v.clone() }));
+            prop_assert!(sel.matches(&labels));
+            let sel = LabelSelector::parse(&format!("{k}!={v}")).unwrap();
+            prop_assert!(!sel.matches(&labels));
         }
     }
 }

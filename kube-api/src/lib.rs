@@ -1,0 +1,76 @@
+//! The Kubernetes API server's semantics over `serde_json::Value` objects, shared by
+//! kube-sim and the sidecar's facade: label and field selectors ([`selector`]), `Table`
+//! rendering for `kubectl get` ([`table`]) and `metav1.Status` errors ([`status`]).
+//!
+//! Everything here answers as a real kube-apiserver 1.36 does; the recorded responses
+//! it is checked against are in `kube-sim/fixtures/` (`errors/`, `objects/`). Start at
+//! [`Resource`], the one description of a resource type every module takes, then
+//! [`selector::Selectors::parse`], [`table::table`] and [`Status`].
+
+#![forbid(unsafe_code)]
+
+pub mod selector;
+pub mod status;
+pub mod table;
+
+pub use selector::{FieldSelector, LabelSelector, Selectors};
+pub use status::{Status, StatusCause, StatusDetails};
+pub use table::IncludeObject;
+
+/// A resource type as the API names it: what selectors, tables and statuses need to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource<'a> {
+    /// API group (`""` for core).
+    pub group: &'a str,
+    /// API version within the group.
+    pub version: &'a str,
+    /// Plural resource name used in paths, e.g. `deployments`.
+    pub plural: &'a str,
+    /// Object kind, e.g. `Deployment`.
+    pub kind: &'a str,
+}
+
+impl Resource<'_> {
+    /// `plural` or `plural.group`, as error messages name the resource.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `apiVersion` of objects (`v1`, `apps/v1`).
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qualified_names_and_api_versions() {
+        let pods = Resource {
+            group: "",
+            version: "v1",
+            plural: "pods",
+            kind: "Pod",
+        };
+        assert_eq!(pods.qualified(), "pods");
+        assert_eq!(pods.api_version(), "v1");
+        let deployments = Resource {
+            group: "apps",
+            version: "v1",
+            plural: "deployments",
+            kind: "Deployment",
+        };
+        assert_eq!(deployments.qualified(), "deployments.apps");
+        assert_eq!(deployments.api_version(), "apps/v1");
+    }
+}
