@@ -8,6 +8,38 @@
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("spinlink.v1");
+
+    // Channel tokens are credentials: a `{:?}` of a grant (or of a whole
+    // `HelloResponse`) must not print them.
+    impl std::fmt::Debug for ChannelGrant {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ChannelGrant")
+                .field("account", &self.account)
+                .field("token", &"<redacted>")
+                .field("expires_at_unix", &self.expires_at_unix)
+                .finish()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::{ChannelGrant, HelloResponse};
+
+    #[test]
+    fn debug_of_a_hello_response_hides_tokens() {
+        let response = HelloResponse {
+            granted: vec![ChannelGrant {
+                account: "prod".into(),
+                token: "s3cr3t-token-value".into(),
+                expires_at_unix: 1,
+            }],
+            ..Default::default()
+        };
+        let printed = format!("{response:?}");
+        assert!(printed.contains("prod"));
+        assert!(!printed.contains("s3cr3t-token-value"), "{printed}");
+    }
 }
 
 /// HTTP/2 header names carried on `Cache` and `Relay` streams.
@@ -33,4 +65,6 @@ pub mod paths {
     pub const CACHE: &str = "/spinlink.v1.Tunnel/Cache";
     /// `Relay`, checked and carried to a sidecar.
     pub const RELAY: &str = "/spinlink.v1.Tunnel/Relay";
+    /// `Control`, answered by the gateway itself.
+    pub const CONTROL: &str = "/spinlink.v1.Tunnel/Control";
 }

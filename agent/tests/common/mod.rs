@@ -140,6 +140,15 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Tunnel for Svc {
+    type ControlStream = BoxStream<spinlink_proto::v1::ControlEvent>;
+
+    async fn control(
+        &self,
+        _request: Request<spinlink_proto::v1::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("no Control in this fake"))
+    }
+
     async fn hello(
         &self,
         request: Request<HelloRequest>,

@@ -116,6 +116,15 @@ type Unserved<T> = futures::stream::Empty<Result<T, Status>>;
 
 #[tonic::async_trait]
 impl Tunnel for HelloService {
+    type ControlStream = Unserved<spinlink_proto::v1::ControlEvent>;
+
+    async fn control(
+        &self,
+        _request: Request<spinlink_proto::v1::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("Control is not served yet"))
+    }
+
     async fn hello(
         &self,
         request: Request<HelloRequest>,

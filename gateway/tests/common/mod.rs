@@ -79,6 +79,15 @@ type DownStream<T> = ReceiverStream<Result<T, Status>>;
 
 #[tonic::async_trait]
 impl Tunnel for FakeTunnel {
+    type ControlStream = DownStream<spinlink_proto::v1::ControlEvent>;
+
+    async fn control(
+        &self,
+        _request: Request<spinlink_proto::v1::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("Control is answered by the gateway"))
+    }
+
     async fn hello(&self, _r: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
         Err(Status::internal("the sidecar never answers Hello"))
     }

@@ -93,6 +93,15 @@ fn check_open(open_account: &str, verified: &str) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl Tunnel for TunnelService {
+    type ControlStream = ReceiverStream<Result<v1::ControlEvent, Status>>;
+
+    async fn control(
+        &self,
+        _request: Request<v1::ControlRequest>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        Err(Status::unimplemented("Control is answered by the gateway"))
+    }
+
     async fn hello(
         &self,
         _request: Request<v1::HelloRequest>,
