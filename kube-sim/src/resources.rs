@@ -1,4 +1,8 @@
-//! The resources kube-sim stores and serves; must agree with the discovery fixtures.
+//! The resources kube-sim stores and serves: the built-in kinds of [`RESOURCES`] (which
+//! must agree with the discovery fixtures) and, per simulator, the kinds its
+//! CustomResourceDefinitions define ([`CustomResource`], registered by the store).
+
+use std::sync::Mutex;
 
 /// A served resource type.
 #[derive(Debug, PartialEq, Eq)]
@@ -21,6 +25,49 @@ pub struct ResourceInfo {
     pub scale_subresource: bool,
     /// Whether `metadata.generation` is maintained.
     pub generation: bool,
+    /// What a CustomResourceDefinition says of a custom resource (`None`: built in).
+    pub custom: Option<&'static CustomResource>,
+}
+
+/// The parts of a CustomResourceDefinition a served custom resource version needs
+/// beyond [`ResourceInfo`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomResource {
+    /// `plural.group`: the CRD's name, and the key objects of every version share.
+    pub crd_name: String,
+    /// `spec.names.singular`.
+    pub singular: String,
+    /// `spec.names.shortNames`.
+    pub short_names: Vec<String>,
+    /// `spec.names.categories`.
+    pub categories: Vec<String>,
+    /// `spec.names.listKind`.
+    pub list_kind: String,
+    /// The version objects are stored as (`spec.versions[].storage`).
+    pub storage_version: String,
+    /// `additionalPrinterColumns` of this version, as (name, type, format, description,
+    /// priority, jsonPath).
+    pub printer_columns: Vec<PrinterColumn>,
+    /// The scale subresource's `specReplicasPath`, `statusReplicasPath` and
+    /// `labelSelectorPath` (JSON paths such as `.spec.replicas`).
+    pub scale_paths: Option<(String, String, Option<String>)>,
+}
+
+/// One `additionalPrinterColumns` entry of a CRD version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterColumn {
+    /// Column header.
+    pub name: String,
+    /// OpenAPI type (`string`, `integer`, `date`, ...).
+    pub type_: String,
+    /// OpenAPI format.
+    pub format: String,
+    /// Column description.
+    pub description: String,
+    /// 0 is shown by default, higher only with `-o wide`.
+    pub priority: i64,
+    /// Simple JSON path of the value, e.g. `.spec.cronSpec`.
+    pub json_path: String,
 }
 
 impl ResourceInfo {
@@ -41,8 +88,73 @@ impl ResourceInfo {
 
     /// Kind of the list type, e.g. `PodList`.
     pub fn list_kind(&self) -> String {
-        format!("{}List", self.kind)
+        match self.custom {
+            Some(c) => c.list_kind.clone(),
+            None => format!("{}List", self.kind),
+        }
     }
+
+    /// The name objects are stored under: the plural for built-in kinds, the CRD's
+    /// name (`plural.group`) for custom ones, so every version of a custom resource
+    /// shares its objects and a custom plural never collides with a built-in one.
+    pub fn storage_key(&self) -> &'static str {
+        match self.custom {
+            Some(c) => c.crd_name.as_str(),
+            None => self.plural,
+        }
+    }
+}
+
+/// Custom resource infos handed out so far: a CRD created again (in any simulator of
+/// the process) reuses its `'static` description instead of leaking another.
+static INTERNED: Mutex<Vec<&'static ResourceInfo>> = Mutex::new(Vec::new());
+
+/// What [`intern`] builds a custom [`ResourceInfo`] from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CustomSpec {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub kind: String,
+    pub namespaced: bool,
+    pub status_subresource: bool,
+    pub custom: CustomResource,
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+/// The `'static` [`ResourceInfo`] of a custom resource version, leaked once per distinct
+/// description for the life of the process (CRDs are few; their descriptions small).
+pub(crate) fn intern(spec: &CustomSpec) -> &'static ResourceInfo {
+    let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    let same = |r: &&&'static ResourceInfo| {
+        r.group == spec.group
+            && r.version == spec.version
+            && r.plural == spec.plural
+            && r.kind == spec.kind
+            && r.namespaced == spec.namespaced
+            && r.status_subresource == spec.status_subresource
+            && r.custom == Some(&spec.custom)
+    };
+    if let Some(r) = interned.iter().find(same) {
+        return *r;
+    }
+    let info: &'static ResourceInfo = Box::leak(Box::new(ResourceInfo {
+        plural: leak(&spec.plural),
+        group: leak(&spec.group),
+        version: leak(&spec.version),
+        api_version: leak(&format!("{}/{}", spec.group, spec.version)),
+        kind: leak(&spec.kind),
+        namespaced: spec.namespaced,
+        status_subresource: spec.status_subresource,
+        scale_subresource: spec.custom.scale_paths.is_some(),
+        generation: true,
+        custom: Some(Box::leak(Box::new(spec.custom.clone()))),
+    }));
+    interned.push(info);
+    info
 }
 
 const fn core(
@@ -61,6 +173,7 @@ const fn core(
         status_subresource: status,
         scale_subresource: false,
         generation: false,
+        custom: None,
     }
 }
 
@@ -75,11 +188,12 @@ const fn apps(plural: &'static str, kind: &'static str) -> ResourceInfo {
         status_subresource: true,
         scale_subresource: true,
         generation: true,
+        custom: None,
     }
 }
 
-/// Every resource kube-sim implements.
-pub static RESOURCES: [ResourceInfo; 8] = [
+/// Every built-in resource kube-sim implements.
+pub static RESOURCES: [ResourceInfo; 10] = [
     core("namespaces", "Namespace", false, true),
     ResourceInfo {
         generation: true,
@@ -91,21 +205,45 @@ pub static RESOURCES: [ResourceInfo; 8] = [
     core("events", "Event", true, false),
     apps("deployments", "Deployment"),
     apps("replicasets", "ReplicaSet"),
+    ResourceInfo {
+        plural: "leases",
+        group: "coordination.k8s.io",
+        version: "v1",
+        api_version: "coordination.k8s.io/v1",
+        kind: "Lease",
+        namespaced: true,
+        status_subresource: false,
+        scale_subresource: false,
+        generation: false,
+        custom: None,
+    },
+    ResourceInfo {
+        plural: "customresourcedefinitions",
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        api_version: "apiextensions.k8s.io/v1",
+        kind: "CustomResourceDefinition",
+        namespaced: false,
+        status_subresource: true,
+        scale_subresource: false,
+        generation: true,
+        custom: None,
+    },
 ];
 
-/// The resource with this plural name.
+/// The built-in resource with this plural name.
 pub fn by_plural(plural: &str) -> Option<&'static ResourceInfo> {
     RESOURCES.iter().find(|r| r.plural == plural)
 }
 
-/// The resource served at `group/version/plural`.
+/// The built-in resource served at `group/version/plural`.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
     RESOURCES
         .iter()
         .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
-/// The resource whose objects have this `apiVersion` and `kind`.
+/// The built-in resource whose objects have this `apiVersion` and `kind`.
 pub fn by_type(api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
     RESOURCES
         .iter()

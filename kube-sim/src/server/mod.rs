@@ -2,6 +2,9 @@
 //! port. Requests flow `Server::run` → connection → [`router`] (path → discovery,
 //! OpenAPI or resource handlers) → [`watch`] for streaming watches.
 
+mod custom_table;
+mod discovery;
+pub mod logs;
 mod router;
 mod watch;
 

@@ -15,15 +15,35 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::custom_table::any_table;
+use super::discovery;
+use super::logs::{self, LogOptions};
 use super::watch::{self, WatchRequest};
 use crate::error::Status;
 use crate::fixtures;
 use crate::patch::{self, PatchType};
-use crate::resources::{self, ResourceInfo};
+use crate::resources::ResourceInfo;
 use crate::selector::Selectors;
-use crate::store::meta::scale_of;
+use crate::store::meta::{scale_of, set_scale_replicas};
 use crate::store::{DeleteOptions, ListQuery, Sim, Subresource, WatchFilter, WriteOptions};
 use crate::table::{self, IncludeObject};
+
+/// An object as `res` presents it: custom resources are stored in whichever version
+/// wrote them and served in the version asked for (conversion strategy `None`).
+fn present(res: &ResourceInfo, mut obj: Value) -> Value {
+    if res.custom.is_some() && obj["apiVersion"] != res.api_version && obj.get("kind").is_some() {
+        obj["apiVersion"] = json!(res.api_version);
+    }
+    obj
+}
+
+fn object_response(
+    code: StatusCode,
+    res: &ResourceInfo,
+    r: Result<Value, Status>,
+) -> Response<Body> {
+    result_response(code, r.map(|o| present(res, o)))
+}
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
@@ -128,6 +148,7 @@ impl Query {
         WriteOptions {
             dry_run: self.dry_run,
             field_manager: self.get("fieldManager").map(str::to_string),
+            controllers: true,
             ..Default::default()
         }
     }
@@ -162,8 +183,15 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
             }
         }
         ["api"] if is_get => discovery_root(&accept, "api"),
-        ["apis"] if is_get => discovery_root(&accept, "apis"),
-        ["apis", group] if is_get => match fixtures::group(group) {
+        ["apis"] if is_get => {
+            let aggregated = wants_aggregated(&accept);
+            match discovery::apis(&ctx.sim.custom_resources(), aggregated) {
+                Some(doc) if aggregated => json_typed(StatusCode::OK, AGGREGATED_V2, &doc),
+                Some(doc) => json_response(StatusCode::OK, &doc),
+                None => status_response(&Status::no_route()),
+            }
+        }
+        ["apis", group] if is_get => match discovery::group(&ctx.sim.custom_resources(), group) {
             Some(doc) => json_response(StatusCode::OK, &doc),
             None => status_response(&Status::no_route()),
         },
@@ -195,12 +223,20 @@ fn version(sim: &Sim) -> Response<Body> {
     json_response(StatusCode::OK, &v)
 }
 
-fn discovery_root(accept: &str, root: &str) -> Response<Body> {
-    if accepts(
+fn wants_aggregated(accept: &str) -> bool {
+    accepts(
         accept,
         "application/json",
         &["g=apidiscovery.k8s.io", "v=v2", "as=APIGroupDiscoveryList"],
-    ) {
+    )
+}
+
+fn json_typed(code: StatusCode, content_type: &str, v: &Value) -> Response<Body> {
+    full(code, content_type, serde_json::to_vec(v).unwrap_or_default())
+}
+
+fn discovery_root(accept: &str, root: &str) -> Response<Body> {
+    if wants_aggregated(accept) {
         fixture(&format!("discovery/{root}.aggregated.json"), AGGREGATED_V2)
     } else {
         fixture(&format!("discovery/{root}.json"), "application/json")
@@ -256,7 +292,14 @@ async fn resource(
         } else {
             match fixtures::group_version(group, version) {
                 Some(b) => full(StatusCode::OK, "application/json", Bytes::from_static(b)),
-                None => status_response(&Status::no_route()),
+                None => match discovery::group_version(
+                    &ctx.sim.custom_resources(),
+                    group,
+                    version,
+                ) {
+                    Some(doc) => json_response(StatusCode::OK, &doc),
+                    None => status_response(&Status::no_route()),
+                },
             }
         };
     }
@@ -267,7 +310,7 @@ async fn resource(
         [plural, tail @ ..] => (None, plural, tail),
         [] => return status_response(&Status::no_route()),
     };
-    let Some(res) = resources::find(group, version, plural) else {
+    let Some(res) = ctx.sim.find_resource(group, version, plural) else {
         return status_response(&Status::no_route());
     };
     if tail.len() > 2
@@ -309,8 +352,9 @@ async fn resource(
                 Ok(o) => o,
                 Err(s) => return status_response(&s),
             };
-            result_response(
+            object_response(
                 StatusCode::CREATED,
+                res,
                 ctx.sim
                     .create_in(res, namespace, obj, &query.write_options()),
             )
@@ -319,10 +363,10 @@ async fn resource(
             Ok(obj) => match table {
                 Some(include) => {
                     let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
-                    let t = table::table(res.api(), [&obj], meta, include, chrono::Utc::now());
+                    let t = any_table(res, [&present(res, obj)], meta, include);
                     json_response(StatusCode::OK, &t)
                 }
-                None => json_response(StatusCode::OK, &obj),
+                None => json_response(StatusCode::OK, &present(res, obj)),
             },
             Err(s) => status_response(&s),
         },
@@ -338,8 +382,9 @@ async fn resource(
             if sub == Some("status") {
                 opts.subresource = Subresource::Status;
             }
-            result_response(
+            object_response(
                 StatusCode::OK,
+                res,
                 ctx.sim.replace_in(res, namespace, name, obj, &opts),
             )
         }
@@ -364,7 +409,19 @@ async fn resource(
             )
         }
         (Method::GET, Some(name), Some("status")) if res.status_subresource => {
-            result_response(StatusCode::OK, ctx.sim.get_in(res, namespace, name))
+            object_response(StatusCode::OK, res, ctx.sim.get_in(res, namespace, name))
+        }
+        (Method::GET, Some(name), Some("log")) if res.custom.is_none() && res.plural == "pods" => {
+            match ctx.sim.get_in(res, namespace, name) {
+                Ok(pod) => logs::respond(
+                    ctx.sim.clone(),
+                    res,
+                    pod,
+                    log_options(query),
+                    ctx.shutdown.clone(),
+                ),
+                Err(s) => status_response(&s),
+            }
         }
         (Method::DELETE, Some(name), None) => {
             let opts = match delete_options(&bytes, query) {
@@ -445,13 +502,7 @@ fn list(
     if let Some(include) = table {
         return json_response(
             StatusCode::OK,
-            &table::table(
-                res.api(),
-                page.items.iter().map(|o| &**o),
-                meta,
-                include,
-                chrono::Utc::now(),
-            ),
+            &any_table(res, page.items.iter().map(|o| &**o), meta, include),
         );
     }
     // Items in a list carry no kind/apiVersion, as the real server sends them.
@@ -543,7 +594,7 @@ fn patch(
     } else {
         StatusCode::OK
     };
-    result_response(code, r)
+    object_response(code, res, r)
 }
 
 /// Turns the current `Scale` into the wanted one.
@@ -564,7 +615,7 @@ fn scale(
         Method::GET => {
             return result_response(
                 StatusCode::OK,
-                ctx.sim.get_in(res, namespace, name).map(|o| scale_of(&o)),
+                ctx.sim.get_in(res, namespace, name).map(|o| scale_of(res, &o)),
             );
         }
         Method::PUT => match decode_object(content_type, bytes) {
@@ -584,7 +635,7 @@ fn scale(
     };
     let opts = query.write_options();
     let r = ctx.sim.modify_in(res, namespace, name, &opts, |obj| {
-        let current = scale_of(obj);
+        let current = scale_of(res, obj);
         let wanted = change(&current)?;
         let rv = wanted["metadata"]["resourceVersion"]
             .as_str()
@@ -602,10 +653,10 @@ fn scale(
             ));
         };
         let mut new = obj.clone();
-        new["spec"]["replicas"] = json!(replicas);
+        set_scale_replicas(res, &mut new, replicas);
         Ok(new)
     });
-    result_response(StatusCode::OK, r.map(|o| scale_of(&o)))
+    result_response(StatusCode::OK, r.map(|o| scale_of(res, &o)))
 }
 
 fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> {
@@ -613,6 +664,10 @@ fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> 
         dry_run: query.dry_run,
         orphan: query.get("propagationPolicy") == Some("Orphan")
             || query.get("orphanDependents") == Some("true"),
+        foreground: query.get("propagationPolicy") == Some("Foreground"),
+        grace_period: query
+            .get("gracePeriodSeconds")
+            .and_then(|g| g.parse().ok()),
         ..Default::default()
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -622,6 +677,12 @@ fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> 
         .map_err(|e| Status::bad_request(format!("couldn't decode DeleteOptions: {e}")))?;
     if body["propagationPolicy"] == "Orphan" || body["orphanDependents"] == true {
         opts.orphan = true;
+    }
+    if body["propagationPolicy"] == "Foreground" {
+        opts.foreground = true;
+    }
+    if let Some(g) = body["gracePeriodSeconds"].as_i64() {
+        opts.grace_period = Some(g);
     }
     if body["dryRun"]
         .as_array()
@@ -634,4 +695,15 @@ fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> 
         .as_str()
         .map(str::to_string);
     Ok(opts)
+}
+
+fn log_options(query: &Query) -> LogOptions {
+    LogOptions {
+        container: query.get("container").map(str::to_string),
+        follow: query.flag("follow"),
+        tail_lines: query.get("tailLines").and_then(|t| t.parse().ok()),
+        timestamps: query.flag("timestamps"),
+        limit_bytes: query.get("limitBytes").and_then(|t| t.parse().ok()),
+        previous: query.flag("previous"),
+    }
 }

@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::router::Body;
 use crate::store::{EventType, Sim, WatchFilter};
-use crate::table::{self, IncludeObject};
+use super::custom_table::any_table;
+use crate::table::IncludeObject;
 
 /// Frames buffered between a watch task and its response body.
 const WATCH_BUFFER: usize = 64;
@@ -77,14 +78,15 @@ impl Writer {
                 let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
                 frame(
                     ty.as_str(),
-                    &table::table(
-                        self.req.filter.res.api(),
-                        [&**obj],
-                        meta,
-                        include,
-                        chrono::Utc::now(),
-                    ),
+                    &any_table(self.req.filter.res, [&**obj], meta, include),
                 )
+            }
+            None if self.req.filter.res.custom.is_some()
+                && obj["apiVersion"] != self.req.filter.res.api_version =>
+            {
+                let mut o = (**obj).clone();
+                o["apiVersion"] = json!(self.req.filter.res.api_version);
+                frame(ty.as_str(), &o)
             }
             None => frame(ty.as_str(), obj),
         };
@@ -158,6 +160,11 @@ async fn run(sim: Sim, req: WatchRequest, tx: mpsc::Sender<Bytes>, shutdown: Can
                 cursor = next;
             }
             Err(status) => return w.error(&status).await,
+        }
+        // A deleted CRD ends the watches on its resources (after their DELETED events),
+        // as the real server closes them.
+        if !sim.serves(w.req.filter.res) {
+            return;
         }
         if bookmark_due && !w.bookmark(cursor, false).await {
             return;

@@ -48,7 +48,7 @@ pub(crate) struct WatchFilter {
 
 impl WatchFilter {
     fn selects_key(&self, key: &Key) -> bool {
-        key.resource == self.res.plural
+        key.resource == self.res.storage_key()
             && self
                 .namespace
                 .as_deref()
@@ -86,7 +86,7 @@ impl Sim {
             .collect();
         let start = st.history.partition_point(|e| e.rv <= rv);
         for e in st.history.range(start..).rev() {
-            if e.key.resource != res.plural || namespace.is_some_and(|ns| e.key.namespace != ns) {
+            if e.key.resource != res.storage_key() || namespace.is_some_and(|ns| e.key.namespace != ns) {
                 continue;
             }
             let k = (e.key.namespace.clone(), e.key.name.clone());
@@ -115,7 +115,7 @@ impl Sim {
                 })?;
                 if rv < st.compacted || rv > st.rv {
                     let mut status = Status::expired(CONTINUE_EXPIRED);
-                    status.metadata = json!({"continue": encode_continue(st.rv, &Key { resource: q.res.plural, namespace: ns, name })});
+                    status.metadata = json!({"continue": encode_continue(st.rv, &Key { resource: q.res.storage_key(), namespace: ns, name })});
                     return Err(status);
                 }
                 (rv, Some((ns, name)))
@@ -158,7 +158,7 @@ impl Sim {
                 Some(encode_continue(
                     rv,
                     &Key {
-                        resource: q.res.plural,
+                        resource: q.res.storage_key(),
                         namespace: ns,
                         name,
                     },

@@ -66,6 +66,12 @@ fn is_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// The plural of a built-in resource, `""` for a custom one (whose plural may be any
+/// word, `pods` included, without getting the built-in kind's behaviour).
+pub(crate) fn builtin(res: &ResourceInfo) -> &'static str {
+    if res.custom.is_some() { "" } else { res.plural }
+}
+
 /// Checks the object name the way the kind's validation does.
 pub(crate) fn validate_name(res: &ResourceInfo, name: &str) -> Result<(), Status> {
     let invalid = |msg: &str| {
@@ -86,7 +92,7 @@ pub(crate) fn validate_name(res: &ResourceInfo, name: &str) -> Result<(), Status
             "Required value: name or generateName is required",
         ));
     }
-    match res.plural {
+    match builtin(res) {
         "namespaces" => {
             if !is_label(name) {
                 return Err(invalid(LABEL_MSG));
@@ -109,7 +115,7 @@ pub(crate) fn validate_name(res: &ResourceInfo, name: &str) -> Result<(), Status
 /// Fills the defaults the real server's defaulting and registry strategy set on create.
 pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
     let name = meta_str(obj, "name").unwrap_or_default().to_string();
-    match res.plural {
+    match builtin(res) {
         "namespaces" => {
             let meta = meta_mut(obj);
             if !meta.get("labels").is_some_and(Value::is_object) {
@@ -195,7 +201,10 @@ pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
 /// Sets the status a controller would converge to for a workload at once (no controller
 /// runs in the simulator): every desired replica ready and available.
 pub(crate) fn converge_status(res: &ResourceInfo, obj: &mut Value) {
-    if !matches!(res.plural, "deployments" | "replicasets") {
+    if builtin(res) == super::crd::CRDS {
+        return super::crd::converge_status(obj);
+    }
+    if !matches!(builtin(res), "deployments" | "replicasets") {
         return;
     }
     let replicas = obj["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -234,18 +243,37 @@ pub(crate) fn converge_status(res: &ResourceInfo, obj: &mut Value) {
     obj["status"] = status;
 }
 
-/// Builds the `autoscaling/v1` `Scale` of a deployment or replica set.
-pub(crate) fn scale_of(obj: &Value) -> Value {
+/// Builds the `autoscaling/v1` `Scale` of a deployment, replica set or custom resource
+/// (whose CRD names the replica paths).
+pub(crate) fn scale_of(res: &ResourceInfo, obj: &Value) -> Value {
+    use super::crd::json_path;
     let meta = &obj["metadata"];
-    let selector = obj["spec"]["selector"]["matchLabels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
+    let paths = res.custom.and_then(|c| c.scale_paths.clone());
+    let (spec_replicas, status_replicas, selector) = match &paths {
+        Some((spec, status, selector)) => (
+            json_path(obj, spec).and_then(Value::as_i64).unwrap_or(0),
+            json_path(obj, status).and_then(Value::as_i64).unwrap_or(0),
+            selector
+                .as_deref()
+                .and_then(|p| json_path(obj, p))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        None => (
+            obj["spec"]["replicas"].as_i64().unwrap_or(1),
+            obj["status"]["replicas"].as_i64().unwrap_or(0),
+            obj["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default(),
+        ),
+    };
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -256,9 +284,17 @@ pub(crate) fn scale_of(obj: &Value) -> Value {
             "resourceVersion": meta["resourceVersion"],
             "creationTimestamp": meta["creationTimestamp"],
         },
-        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(1)},
-        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+        "spec": {"replicas": spec_replicas},
+        "status": {"replicas": status_replicas, "selector": selector},
     })
+}
+
+/// Sets the desired replicas the `Scale` of `obj` reads.
+pub(crate) fn set_scale_replicas(res: &ResourceInfo, obj: &mut Value, replicas: i64) {
+    match res.custom.and_then(|c| c.scale_paths.as_ref()) {
+        Some((spec, _, _)) => super::crd::set_json_path(obj, spec, json!(replicas)),
+        None => obj["spec"]["replicas"] = json!(replicas),
+    }
 }
 
 #[cfg(test)]
@@ -294,7 +330,7 @@ mod tests {
     fn scale_carries_replicas_and_selector() {
         let dep = json!({"metadata": {"name": "web", "namespace": "demo", "resourceVersion": "7"},
             "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}}, "status": {"replicas": 2}});
-        let s = scale_of(&dep);
+        let s = scale_of(by_plural("deployments").unwrap(), &dep);
         assert_eq!(s["spec"]["replicas"], 3);
         assert_eq!(s["status"], json!({"replicas": 2, "selector": "app=web"}));
         assert_eq!(s["metadata"]["resourceVersion"], "7");

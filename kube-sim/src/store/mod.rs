@@ -6,8 +6,11 @@
 //! resourceVersion and read the events they need from the ring themselves, so a slow
 //! watcher costs memory nowhere but in the bounded ring.
 
+pub(crate) mod crd;
+pub(crate) mod deployments;
 mod list;
 pub(crate) mod meta;
+mod resolve;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 pub(crate) use list::{ListQuery, WatchFilter};
-use meta::{meta_mut, meta_str};
+use meta::{builtin, meta_mut, meta_str};
 
 use crate::config::SimConfig;
 use crate::error::Status;
@@ -27,8 +30,9 @@ use crate::resources::{self, ResourceInfo};
 pub const SYSTEM_NAMESPACES: [&str; 4] =
     ["default", "kube-system", "kube-public", "kube-node-lease"];
 
-/// Where an object lives: resource, namespace (`""` when cluster-scoped) and name.
-/// Ordered as etcd keys are, so lists come out in the real server's order.
+/// Where an object lives: resource ([`ResourceInfo::storage_key`]), namespace (`""`
+/// when cluster-scoped) and name. Ordered as etcd keys are, so lists come out in the
+/// real server's order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Key {
     pub resource: &'static str,
@@ -77,6 +81,8 @@ pub(crate) struct State {
     history: VecDeque<Event>,
     /// Every event with `rv <= compacted` has been dropped from `history`.
     compacted: u64,
+    /// The custom resource versions served because a CRD defines them.
+    custom: Vec<&'static ResourceInfo>,
 }
 
 struct Inner {
@@ -128,6 +134,10 @@ pub(crate) struct WriteOptions {
     pub keep_status: bool,
     /// Replace even if the body carries a different resourceVersion (`upsert`).
     pub ignore_rv: bool,
+    /// Run what controllers would do after the write (the deployment controller's
+    /// replica sets). HTTP writes do; programmatic [`Sim::create`]/[`Sim::upsert`]
+    /// store exactly what they are given.
+    pub controllers: bool,
 }
 
 /// Options of one delete.
@@ -137,6 +147,11 @@ pub(crate) struct DeleteOptions {
     pub dry_run: bool,
     /// `propagationPolicy: Orphan` leaves dependents alone.
     pub orphan: bool,
+    /// `propagationPolicy: Foreground`: the answer is the object marked for deletion
+    /// with the `foregroundDeletion` finalizer (dependents go first, as always here).
+    pub foreground: bool,
+    /// `gracePeriodSeconds` (pods answer with it as `deletionGracePeriodSeconds`).
+    pub grace_period: Option<i64>,
     /// `preconditions.uid`.
     pub uid: Option<String>,
     /// `preconditions.resourceVersion`.
@@ -167,6 +182,7 @@ impl Sim {
                     rv: 0,
                     history: VecDeque::new(),
                     compacted: 0,
+                    custom: Vec::new(),
                 }),
                 notify: watch::channel(0).0,
             }),
@@ -213,7 +229,7 @@ impl Sim {
 
     /// Creates an object (kind and apiVersion pick the resource; status is kept as given).
     pub fn create(&self, obj: Value) -> Result<Value, Status> {
-        let (res, ns) = Self::locate(&obj)?;
+        let (res, ns) = self.locate(&obj)?;
         let opts = WriteOptions {
             keep_status: true,
             ..Default::default()
@@ -223,7 +239,7 @@ impl Sim {
 
     /// Creates the object, or replaces it whatever its resourceVersion.
     pub fn upsert(&self, obj: Value) -> Result<Value, Status> {
-        let (res, ns) = Self::locate(&obj)?;
+        let (res, ns) = self.locate(&obj)?;
         let name = meta_str(&obj, "name").unwrap_or_default().to_string();
         let opts = WriteOptions {
             keep_status: true,
@@ -241,16 +257,17 @@ impl Sim {
         }
     }
 
-    /// The object, if it exists (`resource` is the plural, e.g. `configmaps`).
+    /// The object, if it exists (`resource` is the plural, e.g. `configmaps`; for a
+    /// custom resource its plural or `plural.group`).
     pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
-        let res = resources::by_plural(resource)?;
+        let res = self.resource_by_name(resource)?;
         let key = Self::key(res, namespace, name);
         self.lock().objects.get(&key).map(|o| (**o).clone())
     }
 
     /// All objects of a resource, in one namespace or (`None`) all.
     pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
-        let Some(res) = resources::by_plural(resource) else {
+        let Some(res) = self.resource_by_name(resource) else {
             return Vec::new();
         };
         let st = self.lock();
@@ -267,14 +284,14 @@ impl Sim {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Value, Status> {
-        let res = resources::by_plural(resource).ok_or_else(Status::no_route)?;
+        let res = self.resource_by_name(resource).ok_or_else(Status::no_route)?;
         self.delete_in(res, namespace, name, &DeleteOptions::default())
     }
 
-    fn locate(obj: &Value) -> Result<(&'static ResourceInfo, Option<String>), Status> {
+    fn locate(&self, obj: &Value) -> Result<(&'static ResourceInfo, Option<String>), Status> {
         let api_version = obj["apiVersion"].as_str().unwrap_or_default();
         let kind = obj["kind"].as_str().unwrap_or_default();
-        let res = resources::by_type(api_version, kind).ok_or_else(|| {
+        let res = self.resource_by_type(api_version, kind).ok_or_else(|| {
             Status::bad_request(format!(
                 "no kind {kind:?} is registered for version {api_version:?}"
             ))
@@ -287,7 +304,7 @@ impl Sim {
 
     fn key(res: &'static ResourceInfo, namespace: Option<&str>, name: &str) -> Key {
         Key {
-            resource: res.plural,
+            resource: res.storage_key(),
             namespace: if res.namespaced {
                 namespace.unwrap_or_default().to_string()
             } else {
@@ -302,13 +319,13 @@ impl Sim {
         res: &'static ResourceInfo,
     ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
         let start = Key {
-            resource: res.plural,
+            resource: res.storage_key(),
             namespace: String::new(),
             name: String::new(),
         };
         st.objects
             .range(start..)
-            .take_while(move |(k, _)| k.resource == res.plural)
+            .take_while(move |(k, _)| k.resource == res.storage_key())
     }
 
     /// Applies one write: bumps the resourceVersion, stores, records the event.
@@ -396,6 +413,9 @@ impl Sim {
         if res.status_subresource && !opts.keep_status {
             obj.remove("status");
         }
+        if builtin(res) == crd::CRDS {
+            crd::validate_and_default(&mut body)?;
+        }
 
         let mut st = self.lock();
         let key = Self::key(res, namespace, &name);
@@ -416,10 +436,14 @@ impl Sim {
         if !opts.keep_status || body["status"].is_null() {
             meta::converge_status(res, &mut body);
         }
+        if builtin(res) == "deployments" && opts.controllers {
+            Self::plan_rollout(&st, None, &mut body);
+        }
         if opts.dry_run {
             return Ok(body);
         }
         let obj = self.commit(&mut st, key, EventType::Added, body);
+        self.after_write(&mut st, res, &obj, opts);
         let rv = st.rv;
         drop(st);
         self.notify(rv);
@@ -588,6 +612,9 @@ impl Sim {
             new["status"] = body["status"].clone();
             return Ok(new);
         }
+        if builtin(res) == crd::CRDS {
+            crd::validate_and_default(&mut body)?;
+        }
         let old_meta = old["metadata"].clone();
         let meta = meta_mut(&mut body);
         meta.insert("name".into(), json!(name));
@@ -632,12 +659,18 @@ impl Sim {
     fn finish_update(
         &self,
         mut st: MutexGuard<'_, State>,
-        _res: &'static ResourceInfo,
+        res: &'static ResourceInfo,
         key: Key,
         old: &Value,
-        new: Value,
+        mut new: Value,
         opts: &WriteOptions,
     ) -> Result<Value, Status> {
+        if builtin(res) == "deployments"
+            && opts.controllers
+            && opts.subresource == Subresource::Main
+        {
+            Self::plan_rollout(&st, Some(old), &mut new);
+        }
         // A write that changes nothing is not a write: no new resourceVersion, no event.
         if strip_rv(&new) == strip_rv(old) {
             return Ok(old.clone());
@@ -646,6 +679,7 @@ impl Sim {
             return Ok(new);
         }
         let obj = self.commit(&mut st, key, EventType::Modified, new);
+        self.after_write(&mut st, res, &obj, opts);
         let rv = st.rv;
         drop(st);
         self.notify(rv);
@@ -692,19 +726,42 @@ impl Sim {
         }
         // What the real server answers: graceful kinds return the object marked for
         // deletion, the rest a Success status.
-        let answer = match res.plural {
-            "pods" | "namespaces" => {
-                let mut o = (*old).clone();
-                let m = meta_mut(&mut o);
-                m.insert("deletionTimestamp".into(), json!(meta::now()));
-                if res.plural == "pods" {
-                    m.insert("deletionGracePeriodSeconds".into(), json!(30));
-                } else {
-                    o["status"]["phase"] = json!("Terminating");
+        // (Foreground deletion and CRDs, which carry a finalizer, answer with the object too.)
+        let graceful = matches!(builtin(res), "pods" | "namespaces" | crd::CRDS);
+        let answer = if graceful || opts.foreground {
+            let mut o = (*old).clone();
+            let m = meta_mut(&mut o);
+            m.insert("deletionTimestamp".into(), json!(meta::now()));
+            match builtin(res) {
+                "pods" => {
+                    m.insert(
+                        "deletionGracePeriodSeconds".into(),
+                        json!(opts.grace_period.unwrap_or(30)),
+                    );
                 }
-                o
+                "namespaces" => o["status"]["phase"] = json!("Terminating"),
+                crd::CRDS => {
+                    m.insert(
+                        "finalizers".into(),
+                        json!(["customresourcecleanup.apiextensions.k8s.io"]),
+                    );
+                }
+                _ => {}
             }
-            _ => Status::success_deleted(res.api(), name, &uid).to_value(),
+            if opts.foreground {
+                let m = meta_mut(&mut o);
+                let mut fins = m
+                    .get("finalizers")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                fins.push(json!("foregroundDeletion"));
+                m.insert("finalizers".into(), Value::Array(fins));
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            }
+            o
+        } else {
+            Status::success_deleted(res.api(), name, &uid).to_value()
         };
         if opts.dry_run {
             return Ok(answer);
@@ -733,6 +790,9 @@ impl Sim {
                 i += 1;
             }
         }
+        if builtin(res) == crd::CRDS {
+            self.unregister_crd(&mut st, name);
+        }
         // Dependents first, the object itself last, as the garbage collector would.
         for k in doomed.into_iter().rev() {
             if let Some(obj) = st.objects.get(&k).cloned() {
@@ -743,6 +803,24 @@ impl Sim {
         drop(st);
         self.notify(rv);
         Ok(answer)
+    }
+
+    /// What follows a committed write: a CRD's resources are (re)registered, a
+    /// deployment's replica sets reconciled.
+    fn after_write(
+        &self,
+        st: &mut State,
+        res: &'static ResourceInfo,
+        obj: &Value,
+        opts: &WriteOptions,
+    ) {
+        match builtin(res) {
+            crd::CRDS => Self::register_crd(st, obj),
+            "deployments" if opts.controllers && opts.subresource == Subresource::Main => {
+                self.reconcile_deployment(st, obj)
+            }
+            _ => {}
+        }
     }
 
     /// The object at `res/namespace/name`, or 404.
