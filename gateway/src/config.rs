@@ -27,6 +27,36 @@ pub const DEFAULT_UPSTREAM_CONNECTIONS: usize = 2;
 pub const MAX_UPSTREAM_CONNECTIONS: usize = 16;
 /// Default time connections get to finish after shutdown is signalled.
 pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: u64 = 30;
+/// Default interval of the certificate reload check.
+pub const DEFAULT_TLS_RELOAD_INTERVAL_SECONDS: u64 = 2;
+/// Default bound on open agent connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default bound on concurrent streams per connection (two per account).
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
+/// Default bound on concurrent carried streams per identity, across its
+/// connections (a second replica or a reconnect doubles them for a while).
+pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 20_000;
+/// Default rate of new TLS handshakes admitted per second.
+pub const DEFAULT_HANDSHAKES_PER_SECOND: f64 = 100.0;
+/// Default burst of TLS handshakes admitted at once.
+pub const DEFAULT_HANDSHAKE_BURST: u32 = 200;
+/// Default rate of `Hello` calls per identity per second.
+pub const DEFAULT_HELLO_PER_SECOND: f64 = 1.0;
+/// Default burst of `Hello` calls per identity.
+pub const DEFAULT_HELLO_BURST: u32 = 10;
+/// Default bound on a `Hello` request's size.
+pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
+/// Default TLS handshake timeout.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
+/// Default time a PROXY header may take to arrive.
+pub const DEFAULT_PROXY_HEADER_TIMEOUT_SECONDS: u64 = 5;
+/// Default time a connection may go without any open stream. Agents keep
+/// `Control` open, so only connections that never got going are cut.
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 300;
+/// Default spread of the maximum connection age, in percent either way.
+pub const DEFAULT_MAX_CONNECTION_AGE_JITTER_PERCENT: u32 = 10;
+/// Default time an agent gets to move off a connection past its age.
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS: u64 = 60;
 
 /// The gateway's configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -56,6 +86,10 @@ pub struct Config {
     pub upstream_connections: usize,
     /// Seconds connections get to finish after shutdown is signalled.
     pub shutdown_grace_seconds: u64,
+    /// The admin HTTP port; none when absent.
+    pub admin: Option<AdminConfig>,
+    /// PROXY protocol, limits and timeouts of the agent listener.
+    pub listener: ListenerConfig,
     /// Where this configuration came from, for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -75,13 +109,17 @@ impl Default for Config {
             upstream_tls: None,
             upstream_connections: DEFAULT_UPSTREAM_CONNECTIONS,
             shutdown_grace_seconds: DEFAULT_SHUTDOWN_GRACE_SECONDS,
+            admin: None,
+            listener: ListenerConfig::default(),
             origin: "<default>".to_owned(),
         }
     }
 }
 
-/// The listener's certificate and client CA bundle.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The listener's certificate and client CA bundle. The files are read again
+/// when their content changes, so a rotated certificate is served without a
+/// restart.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct TlsConfig {
     /// PEM certificate chain, leaf first.
@@ -91,6 +129,96 @@ pub struct TlsConfig {
     /// PEM bundle of CAs that sign agent certificates; a client certificate
     /// signed by one of them is required.
     pub client_ca_file: PathBuf,
+    /// Seconds between checks of the files for new content; 0 turns reloading off.
+    pub reload_interval_seconds: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            client_ca_file: PathBuf::new(),
+            reload_interval_seconds: DEFAULT_TLS_RELOAD_INTERVAL_SECONDS,
+        }
+    }
+}
+
+/// The admin port.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AdminConfig {
+    /// Address of the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`).
+    pub listen: SocketAddr,
+}
+
+/// The agent listener's PROXY protocol handling, limits and timeouts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ListenerConfig {
+    /// Read a PROXY protocol (v1 or v2) header before TLS on connections from
+    /// `trustedProxies`, and use the client address it names.
+    pub proxy_protocol: bool,
+    /// With `proxyProtocol`: connections must come from `trustedProxies` and
+    /// carry a header. When false, other connections are served as direct
+    /// clients (but a PROXY header from them is still refused).
+    pub proxy_protocol_required: bool,
+    /// CIDRs of the load balancers whose PROXY headers are believed.
+    pub trusted_proxies: Vec<String>,
+    /// Seconds the PROXY header may take to arrive.
+    pub proxy_header_timeout_seconds: u64,
+    /// Seconds the TLS handshake may take.
+    pub handshake_timeout_seconds: u64,
+    /// Agent connections open at once; more are closed at once.
+    pub max_connections: usize,
+    /// Streams one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+    /// Carried (`Cache`/`Relay`) streams one identity may have open.
+    pub max_streams_per_identity: usize,
+    /// New TLS handshakes admitted per second (token bucket).
+    pub handshakes_per_second: f64,
+    /// Handshakes admitted at once when the bucket is full.
+    pub handshake_burst: u32,
+    /// `Hello` calls per identity per second (token bucket).
+    pub hello_per_second: f64,
+    /// `Hello` calls one identity may make at once.
+    pub hello_burst: u32,
+    /// Largest `Hello` request accepted, in bytes.
+    pub max_hello_bytes: usize,
+    /// Seconds a connection may go without any open stream before it is closed.
+    pub idle_timeout_seconds: u64,
+    /// Age in seconds after which a connection is asked to reconnect
+    /// (`Reconnect{reason: "max-age"}`); 0 turns it off.
+    pub max_connection_age_seconds: u64,
+    /// Spread of the maximum age, in percent either way, so connections made
+    /// together do not all reconnect together.
+    pub max_connection_age_jitter_percent: u32,
+    /// Seconds an agent gets to move off a connection past its age.
+    pub max_connection_age_grace_seconds: u64,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            proxy_protocol: false,
+            proxy_protocol_required: true,
+            trusted_proxies: Vec::new(),
+            proxy_header_timeout_seconds: DEFAULT_PROXY_HEADER_TIMEOUT_SECONDS,
+            handshake_timeout_seconds: DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
+            handshakes_per_second: DEFAULT_HANDSHAKES_PER_SECOND,
+            handshake_burst: DEFAULT_HANDSHAKE_BURST,
+            hello_per_second: DEFAULT_HELLO_PER_SECOND,
+            hello_burst: DEFAULT_HELLO_BURST,
+            max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
+            max_connection_age_seconds: 0,
+            max_connection_age_jitter_percent: DEFAULT_MAX_CONNECTION_AGE_JITTER_PERCENT,
+            max_connection_age_grace_seconds: DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS,
+        }
+    }
 }
 
 /// How identities are read from agent certificates.
@@ -274,6 +402,70 @@ impl Config {
             return Err(invalid(
                 "upstreamConnections",
                 &format!("must be between 1 and {MAX_UPSTREAM_CONNECTIONS}"),
+            ));
+        }
+        self.validate_listener()
+    }
+
+    fn validate_listener(&self) -> Result<()> {
+        let invalid = |key: &str, message: &str| Error::InvalidConfig {
+            origin: self.origin.clone(),
+            key: format!("listener.{key}"),
+            message: message.to_owned(),
+        };
+        let l = &self.listener;
+        for (i, cidr) in l.trusted_proxies.iter().enumerate() {
+            crate::listener::cidr::Cidr::parse(cidr)
+                .map_err(|e| invalid(&format!("trustedProxies[{i}]"), &e.to_string()))?;
+        }
+        if l.proxy_protocol && l.proxy_protocol_required && l.trusted_proxies.is_empty() {
+            return Err(invalid(
+                "trustedProxies",
+                "required when `proxyProtocol` is on and required",
+            ));
+        }
+        if self.insecure && l.proxy_protocol {
+            return Err(invalid("proxyProtocol", "not supported with `insecure: true`"));
+        }
+        for (key, value) in [
+            ("proxyHeaderTimeoutSeconds", l.proxy_header_timeout_seconds),
+            ("handshakeTimeoutSeconds", l.handshake_timeout_seconds),
+            ("idleTimeoutSeconds", l.idle_timeout_seconds),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if l.max_connections == 0 {
+            return Err(invalid("maxConnections", "must be at least 1"));
+        }
+        if l.max_concurrent_streams == 0 {
+            return Err(invalid("maxConcurrentStreams", "must be at least 1"));
+        }
+        if l.max_streams_per_identity == 0 {
+            return Err(invalid("maxStreamsPerIdentity", "must be at least 1"));
+        }
+        for (key, rate) in [
+            ("handshakesPerSecond", l.handshakes_per_second),
+            ("helloPerSecond", l.hello_per_second),
+        ] {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(invalid(key, "must be a positive number"));
+            }
+        }
+        if l.handshake_burst == 0 {
+            return Err(invalid("handshakeBurst", "must be at least 1"));
+        }
+        if l.hello_burst == 0 {
+            return Err(invalid("helloBurst", "must be at least 1"));
+        }
+        if l.max_hello_bytes < 1024 {
+            return Err(invalid("maxHelloBytes", "must be at least 1024"));
+        }
+        if l.max_connection_age_jitter_percent > 50 {
+            return Err(invalid(
+                "maxConnectionAgeJitterPercent",
+                "must be between 0 and 50",
             ));
         }
         Ok(())

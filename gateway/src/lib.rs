@@ -18,6 +18,7 @@ mod gateway;
 pub mod identity;
 pub mod listener;
 pub mod route;
+pub mod tls;
 pub mod token;
 pub mod tunnel;
 pub mod upstream;

@@ -1,10 +1,16 @@
-//! What an admin port will export: the gateway's counters. The HTTP face
-//! (health, readiness, metrics) comes later; for now [`Stats`] is shared by
-//! the listener and the tunnel and read by tests and logs.
+//! The admin side of the gateway: [`Stats`] (simple counters plus the
+//! Prometheus [`Metrics`]) shared by the listener and the tunnel, and the admin
+//! HTTP port ([`server::AdminServer`]) that serves `/healthz`, `/readyz` and
+//! `/metrics`.
+
+pub mod metrics;
+pub mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
+
+pub use metrics::{AuthFailure, Metrics, Refusal};
 
 /// Counters of one gateway process.
 #[derive(Debug)]
@@ -17,6 +23,7 @@ pub struct Stats {
     streams_refused: AtomicU64,
     streams_forwarded: AtomicU64,
     upstream_unavailable: AtomicU64,
+    metrics: Metrics,
     // Bumped on every change so a waiter can re-read without polling.
     changed: watch::Sender<u64>,
 }
@@ -74,6 +81,7 @@ impl Default for Stats {
             streams_refused: AtomicU64::new(0),
             streams_forwarded: AtomicU64::new(0),
             upstream_unavailable: AtomicU64::new(0),
+            metrics: Metrics::default(),
             changed: watch::Sender::new(0),
         }
     }
@@ -99,7 +107,59 @@ impl Stats {
             return;
         }
         self.counter(counter).fetch_add(n, Ordering::Relaxed);
+        let m = &self.metrics;
+        match counter {
+            Counter::ConnectionsAccepted => m.connections.inc_by(n),
+            Counter::HandshakeFailures => {
+                for _ in 0..n {
+                    m.handshake(false);
+                    m.auth_failure(AuthFailure::Handshake);
+                }
+                0
+            }
+            Counter::ConnectionsWithoutIdentity => {
+                for _ in 0..n {
+                    m.auth_failure(AuthFailure::NoIdentity);
+                }
+                0
+            }
+            Counter::AccountsGranted => m.tokens_issued.inc_by(n),
+            Counter::AccountsRefused
+            | Counter::StreamsRefused
+            | Counter::StreamsForwarded
+            | Counter::UpstreamUnavailable => 0,
+        };
+        self.bump();
+    }
+
+    fn bump(&self) {
         self.changed.send_modify(|generation| *generation += 1);
+    }
+
+    /// The Prometheus metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Counts a refusal (and wakes waiters).
+    pub fn refuse(&self, reason: Refusal) {
+        self.metrics.refuse(reason);
+        self.bump();
+    }
+
+    /// Counts an authentication failure of a stream's token (and wakes
+    /// waiters). Handshake and identity failures go through [`Stats::incr`].
+    pub fn auth_failure(&self, reason: AuthFailure) {
+        self.metrics.auth_failure(reason);
+        self.bump();
+    }
+
+    /// Waits until `done` holds for these stats.
+    pub async fn wait_until(&self, done: impl Fn(&Stats) -> bool) {
+        let mut changes = self.changed.subscribe();
+        while !done(self) {
+            let _ = changes.changed().await;
+        }
     }
 
     /// Adds one to a counter.

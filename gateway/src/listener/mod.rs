@@ -8,6 +8,10 @@
 //! (HTTP/2 GOAWAY; in-flight streams go on), and closes whatever is still
 //! open when the grace period ends.
 
+pub mod cidr;
+pub mod limits;
+pub mod proxy_protocol;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

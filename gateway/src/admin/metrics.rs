@@ -1,0 +1,335 @@
+//! The gateway's Prometheus metrics ([`Metrics`]), registered once and
+//! exported by the admin port in the text exposition format. Label values come
+//! from closed sets ([`Refusal`], [`AuthFailure`], the configured upstream
+//! URLs), never from what a peer sends, so the series count stays bounded.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Why a connection, handshake, `Hello` or stream was turned away before it
+/// was served (label `reason` of `spinlink_gateway_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// `listener.maxConnections` connections were already open.
+    MaxConnections,
+    /// The handshake token bucket (`listener.handshakesPerSecond`) was empty.
+    HandshakeRate,
+    /// A PROXY header from an address outside `listener.trustedProxies`.
+    UntrustedProxy,
+    /// No PROXY header from outside `trustedProxies` while one is required.
+    UntrustedSource,
+    /// A trusted proxy sent no PROXY header although one is required.
+    ProxyHeaderMissing,
+    /// A PROXY header that does not parse.
+    ProxyHeaderInvalid,
+    /// The PROXY header did not arrive within its timeout.
+    ProxyHeaderTimeout,
+    /// The TLS handshake did not finish within `listener.handshakeTimeoutSeconds`.
+    HandshakeTimeout,
+    /// The identity called `Hello` faster than `listener.helloPerSecond`.
+    HelloRate,
+    /// A `Hello` request larger than `listener.maxHelloBytes`.
+    HelloTooLarge,
+    /// A `Hello` request that breaks a structural bound.
+    HelloInvalid,
+    /// The identity already has `listener.maxStreamsPerIdentity` streams open.
+    IdentityStreams,
+    /// The account is served by another identity.
+    AccountOwned,
+    /// The policy does not let the identity serve the account.
+    Policy,
+    /// The connection was idle for `listener.idleTimeoutSeconds`.
+    Idle,
+}
+
+impl Refusal {
+    /// Every reason, for tests and dashboards.
+    pub const ALL: [Refusal; 15] = [
+        Self::MaxConnections,
+        Self::HandshakeRate,
+        Self::UntrustedProxy,
+        Self::UntrustedSource,
+        Self::ProxyHeaderMissing,
+        Self::ProxyHeaderInvalid,
+        Self::ProxyHeaderTimeout,
+        Self::HandshakeTimeout,
+        Self::HelloRate,
+        Self::HelloTooLarge,
+        Self::HelloInvalid,
+        Self::IdentityStreams,
+        Self::AccountOwned,
+        Self::Policy,
+        Self::Idle,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxConnections => "max_connections",
+            Self::HandshakeRate => "handshake_rate",
+            Self::UntrustedProxy => "untrusted_proxy",
+            Self::UntrustedSource => "untrusted_source",
+            Self::ProxyHeaderMissing => "proxy_header_missing",
+            Self::ProxyHeaderInvalid => "proxy_header_invalid",
+            Self::ProxyHeaderTimeout => "proxy_header_timeout",
+            Self::HandshakeTimeout => "handshake_timeout",
+            Self::HelloRate => "hello_rate",
+            Self::HelloTooLarge => "hello_too_large",
+            Self::HelloInvalid => "hello_invalid",
+            Self::IdentityStreams => "identity_streams",
+            Self::AccountOwned => "account_owned",
+            Self::Policy => "policy",
+            Self::Idle => "idle",
+        }
+    }
+}
+
+/// Why authentication failed (label `reason` of
+/// `spinlink_gateway_auth_failures_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuthFailure {
+    /// The TLS handshake failed: no, expired or foreign client certificate,
+    /// or not TLS at all.
+    Handshake,
+    /// The verified certificate names no identity.
+    NoIdentity,
+    /// A stream without a `spinlink-token` (or `spinlink-account`) header.
+    TokenMissing,
+    /// A token that is not of this format.
+    TokenMalformed,
+    /// A token whose MAC does not match this connection, identity and account.
+    TokenMismatch,
+    /// A token past its expiry.
+    TokenExpired,
+}
+
+impl AuthFailure {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Handshake => "handshake",
+            Self::NoIdentity => "no_identity",
+            Self::TokenMissing => "token_missing",
+            Self::TokenMalformed => "token_malformed",
+            Self::TokenMismatch => "token_mismatch",
+            Self::TokenExpired => "token_expired",
+        }
+    }
+}
+
+/// Label set `{reason=...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// Label set `{result="ok"|"failed"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `ok` or `failed`.
+    pub result: &'static str,
+}
+
+/// Label set `{upstream=URL}` (a configured upstream).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    /// The upstream's configured URL.
+    pub upstream: String,
+}
+
+/// Label set `{direction="up"|"down"}`: up is agent → sidecar.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// `up` or `down`.
+    pub direction: &'static str,
+}
+
+/// A gauge holding a float.
+pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the gateway exports, with the registry that names them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// TCP connections accepted.
+    pub connections: Counter,
+    /// Agent connections open now.
+    pub connections_open: Gauge,
+    /// TLS handshakes by result.
+    pub handshakes: Family<ResultLabel, Counter>,
+    /// Authentication failures by reason.
+    pub auth_failures: Family<ReasonLabel, Counter>,
+    /// Channel tokens issued by `Hello`.
+    pub tokens_issued: Counter,
+    /// Refusals by reason.
+    pub refusals: Family<ReasonLabel, Counter>,
+    /// Streams carried, per upstream.
+    pub streams: Family<UpstreamLabel, Counter>,
+    /// Streams open now, per upstream.
+    pub streams_open: Family<UpstreamLabel, Gauge>,
+    /// Message bytes carried, by direction.
+    pub bytes: Family<DirectionLabel, Counter>,
+    /// 1 while the gateway drains.
+    pub draining: Gauge,
+    /// How long the last drain took.
+    pub drain_duration: FloatGauge,
+    /// Seconds until the serving certificate's notAfter.
+    pub cert_expiry: FloatGauge,
+    /// Certificate reloads by result.
+    pub cert_reloads: Family<ResultLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("spinlink_gateway");
+        let m = Metrics {
+            registry: Registry::default(),
+            connections: Counter::default(),
+            connections_open: Gauge::default(),
+            handshakes: Family::default(),
+            auth_failures: Family::default(),
+            tokens_issued: Counter::default(),
+            refusals: Family::default(),
+            streams: Family::default(),
+            streams_open: Family::default(),
+            bytes: Family::default(),
+            draining: Gauge::default(),
+            drain_duration: FloatGauge::default(),
+            cert_expiry: FloatGauge::default(),
+            cert_reloads: Family::default(),
+        };
+        // Metrics are handles onto shared cells: the clones registered here
+        // are the same series the fields update.
+        registry.register(
+            "connections",
+            "TCP connections accepted",
+            m.connections.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Agent connections open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "handshakes",
+            "TLS handshakes by result",
+            m.handshakes.clone(),
+        );
+        registry.register(
+            "auth_failures",
+            "Authentication failures by reason",
+            m.auth_failures.clone(),
+        );
+        registry.register(
+            "tokens_issued",
+            "Channel tokens issued",
+            m.tokens_issued.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Connections, handshakes, Hellos and streams refused, by reason",
+            m.refusals.clone(),
+        );
+        registry.register(
+            "streams",
+            "Streams carried, per upstream",
+            m.streams.clone(),
+        );
+        registry.register(
+            "streams_open",
+            "Streams open, per upstream",
+            m.streams_open.clone(),
+        );
+        registry.register_with_unit(
+            "message",
+            "Bytes carried between agents and sidecars, by direction",
+            Unit::Bytes,
+            m.bytes.clone(),
+        );
+        registry.register("draining", "1 while draining", m.draining.clone());
+        registry.register_with_unit(
+            "drain_duration",
+            "Duration of the last drain",
+            Unit::Seconds,
+            m.drain_duration.clone(),
+        );
+        registry.register_with_unit(
+            "certificate_expiry",
+            "Time until the serving certificate's notAfter",
+            Unit::Seconds,
+            m.cert_expiry.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Certificate reloads by result",
+            m.cert_reloads.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The metrics in the Prometheus/OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Counts a refusal.
+    pub fn refuse(&self, reason: Refusal) {
+        self.refusals
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Refusals counted for `reason`.
+    pub fn refusals(&self, reason: Refusal) -> u64 {
+        self.refusals
+            .get(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Counts an authentication failure.
+    pub fn auth_failure(&self, reason: AuthFailure) {
+        self.auth_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Authentication failures counted for `reason`.
+    pub fn auth_failures(&self, reason: AuthFailure) -> u64 {
+        self.auth_failures
+            .get(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Counts a handshake.
+    pub fn handshake(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.handshakes.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts message bytes, `up` (agent → sidecar) or down.
+    pub fn carried(&self, up: bool, n: u64) {
+        let direction = if up { "up" } else { "down" };
+        self.bytes
+            .get_or_create(&DirectionLabel { direction })
+            .inc_by(n);
+    }
+}

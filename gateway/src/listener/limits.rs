@@ -1,0 +1,181 @@
+//! Admission limits: a token bucket ([`TokenBucket`]) for new TLS handshakes,
+//! one per identity for `Hello` ([`KeyedBuckets`]), and counters of open
+//! things with a ceiling ([`Slots`]) for connections and per-identity streams.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A token bucket: `rate` tokens per second up to `burst`, starting full.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: f64, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            rate: rate.max(0.0),
+            burst,
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    /// Takes one token if there is one.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now.max(self.last);
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn is_full(&self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens + elapsed * self.rate >= self.burst
+    }
+}
+
+/// Most keys [`KeyedBuckets`] holds before it forgets the full (idle) ones.
+const KEYED_PRUNE_AT: usize = 4096;
+
+/// One token bucket per key (per identity), created full on first use.
+#[derive(Debug)]
+pub struct KeyedBuckets<K> {
+    rate: f64,
+    burst: u32,
+    buckets: Mutex<HashMap<K, TokenBucket>>,
+}
+
+impl<K: Eq + Hash + Clone> KeyedBuckets<K> {
+    /// Buckets of `rate` per second up to `burst`.
+    pub fn new(rate: f64, burst: u32) -> Self {
+        Self {
+            rate,
+            burst,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token from `key`'s bucket if there is one.
+    pub fn try_take(&self, key: &K, now: Instant) -> bool {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= KEYED_PRUNE_AT {
+            // A full bucket is the same as a new one: forgetting it loses nothing.
+            buckets.retain(|_, b| !b.is_full(now));
+        }
+        buckets
+            .entry(key.clone())
+            .or_insert_with(|| TokenBucket::new(self.rate, self.burst, now))
+            .try_take(now)
+    }
+}
+
+/// Counts of open things per key, each with the same ceiling.
+#[derive(Debug)]
+pub struct Slots<K: Eq + Hash> {
+    max: usize,
+    open: Mutex<HashMap<K, usize>>,
+}
+
+/// One taken slot; dropping it gives the slot back.
+#[derive(Debug)]
+pub struct Slot<K: Eq + Hash + Clone> {
+    slots: Arc<Slots<K>>,
+    key: K,
+}
+
+impl<K: Eq + Hash + Clone> Slots<K> {
+    /// Slots with `max` per key.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Takes a slot for `key`, or `None` when `max` are taken.
+    pub fn try_take(self: &Arc<Self>, key: K) -> Option<Slot<K>> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            slots: self.clone(),
+            key,
+        })
+    }
+
+    /// Slots taken for `key`.
+    pub fn taken(&self, key: &K) -> usize {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(key).copied().unwrap_or(0)
+    }
+}
+
+impl<K: Eq + Hash + Clone> Drop for Slot<K> {
+    fn drop(&mut self) {
+        let mut open = self.slots.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn bucket_allows_burst_then_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(2.0, 3, t0);
+        assert!(b.try_take(t0) && b.try_take(t0) && b.try_take(t0));
+        assert!(!b.try_take(t0));
+        assert!(!b.try_take(t0 + Duration::from_millis(400)));
+        assert!(b.try_take(t0 + Duration::from_millis(500)));
+        // Never more than the burst, however long it rested.
+        let later = t0 + Duration::from_secs(3600);
+        assert!((0..3).all(|_| b.try_take(later)));
+        assert!(!b.try_take(later));
+    }
+
+    #[test]
+    fn keyed_buckets_are_independent() {
+        let t0 = Instant::now();
+        let k = KeyedBuckets::new(0.001, 1);
+        assert!(k.try_take(&"a", t0));
+        assert!(!k.try_take(&"a", t0));
+        assert!(k.try_take(&"b", t0));
+    }
+
+    #[test]
+    fn slots_give_back_on_drop() {
+        let s = Slots::new(2);
+        let a = s.try_take("x").unwrap();
+        let _b = s.try_take("x").unwrap();
+        assert!(s.try_take("x").is_none());
+        assert!(s.try_take("y").is_some());
+        drop(a);
+        assert_eq!(s.taken(&"x"), 1);
+        assert!(s.try_take("x").is_some());
+    }
+}
