@@ -1,6 +1,8 @@
 //! The sidecar's configuration file (YAML, camelCase keys): where the tunnel
 //! listens and how it authenticates gateways, where the Kubernetes API facade
-//! listens, and which database the store uses. Start with [`Config`].
+//! listens, which database the store uses, how long offline accounts are
+//! kept, and how accounts are registered with Clouddriver. Start with
+//! [`Config`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,6 +19,19 @@ pub const DEFAULT_STORE_URL: &str = "sqlite::memory:";
 pub const DEFAULT_INSTANCE_ID: &str = "sidecar";
 /// How long a relayed request waits for the agent's response head.
 pub const DEFAULT_RELAY_TIMEOUT_SECS: u64 = 60;
+/// How long an account whose agent disconnected is kept (served stale from
+/// its cache, registered in Clouddriver) before it is removed.
+pub const DEFAULT_GRACE_PERIOD_SECS: u64 = 600;
+/// Relayed operations remembered per account for the accounts API.
+pub const DEFAULT_OPERATION_HISTORY: usize = 200;
+/// First delay before retrying a failed Clouddriver call.
+pub const DEFAULT_RETRY_INITIAL_MILLIS: u64 = 500;
+/// Longest delay between retries of a failed Clouddriver call.
+pub const DEFAULT_RETRY_MAX_MILLIS: u64 = 30_000;
+/// How long one Clouddriver call may take.
+pub const DEFAULT_CLOUDDRIVER_TIMEOUT_SECS: u64 = 30;
+/// `cacheThreads` of registered accounts (Clouddriver's own default).
+pub const DEFAULT_CACHE_THREADS: u32 = 1;
 
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +81,10 @@ pub struct Config {
     pub facade: FacadeConfig,
     /// The database.
     pub store: StoreConfig,
+    /// Account lifecycle: the grace period and the operation history.
+    pub accounts: AccountsConfig,
+    /// Registering accounts with Clouddriver (absent: not registered).
+    pub clouddriver: Option<ClouddriverConfig>,
     /// Where this configuration came from (a file name), for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -78,6 +97,8 @@ impl Default for Config {
             tunnel: TunnelConfig::default(),
             facade: FacadeConfig::default(),
             store: StoreConfig::default(),
+            accounts: AccountsConfig::default(),
+            clouddriver: None,
             origin: "<default>".to_owned(),
         }
     }
@@ -153,6 +174,109 @@ impl Default for StoreConfig {
     }
 }
 
+/// Account lifecycle.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct AccountsConfig {
+    /// Seconds an account stays (stale, served from its last cache, still
+    /// registered) after its agent disconnected, before it is deregistered
+    /// and its cache dropped.
+    pub grace_period_seconds: u64,
+    /// Relayed operations remembered per account (a ring buffer).
+    pub operation_history: usize,
+}
+
+impl Default for AccountsConfig {
+    fn default() -> Self {
+        Self {
+            grace_period_seconds: DEFAULT_GRACE_PERIOD_SECS,
+            operation_history: DEFAULT_OPERATION_HISTORY,
+        }
+    }
+}
+
+/// How accounts are made known to Clouddriver: through its account
+/// management API (`baseUrl`), as kubeconfig files in a directory Clouddriver
+/// reads (`kubeconfigDir`), or both.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClouddriverConfig {
+    /// Clouddriver's base URL (`http://localhost:7002`); accounts are
+    /// registered with `POST {baseUrl}/credentials`.
+    pub base_url: Option<String>,
+    /// A directory where one kubeconfig per account is written.
+    pub kubeconfig_dir: Option<PathBuf>,
+    /// The facade URL written into kubeconfigs; defaults to the facade's
+    /// bound address (`http://127.0.0.1:PORT`).
+    pub facade_url: Option<String>,
+    /// Fields of every registered account definition.
+    pub account: ClouddriverAccountConfig,
+    /// Retries of failed Clouddriver calls.
+    pub retry: RetryConfig,
+    /// Seconds one Clouddriver call may take.
+    pub request_timeout_seconds: u64,
+}
+
+impl ClouddriverConfig {
+    /// The call timeout, with the default when unset.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(if self.request_timeout_seconds == 0 {
+            DEFAULT_CLOUDDRIVER_TIMEOUT_SECS
+        } else {
+            self.request_timeout_seconds
+        })
+    }
+}
+
+/// The fields of Clouddriver's Kubernetes account definition
+/// (`KubernetesAccountProperties.ManagedAccount`) that the sidecar sets on
+/// every account it registers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClouddriverAccountConfig {
+    /// `environment` (Clouddriver defaults it to the account name).
+    pub environment: Option<String>,
+    /// `namespaces` Clouddriver manages; empty means all.
+    pub namespaces: Vec<String>,
+    /// `onlySpinnakerManaged`.
+    pub only_spinnaker_managed: bool,
+    /// `cacheThreads`.
+    pub cache_threads: u32,
+    /// `permissions`: authorization (`READ`, `WRITE`, `EXECUTE`) to roles.
+    pub permissions: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Default for ClouddriverAccountConfig {
+    fn default() -> Self {
+        Self {
+            environment: None,
+            namespaces: Vec::new(),
+            only_spinnaker_managed: false,
+            cache_threads: DEFAULT_CACHE_THREADS,
+            permissions: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// Exponential backoff with full jitter.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct RetryConfig {
+    /// First delay, milliseconds.
+    pub initial_millis: u64,
+    /// Longest delay, milliseconds.
+    pub max_millis: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial_millis: DEFAULT_RETRY_INITIAL_MILLIS,
+            max_millis: DEFAULT_RETRY_MAX_MILLIS,
+        }
+    }
+}
+
 fn parse_addr(s: &str) -> SocketAddr {
     // The defaults are literals above; a failure here is a typo in this file.
     s.parse().expect("default listen address is valid")
@@ -222,6 +346,54 @@ impl Config {
         if self.facade.relay_timeout_seconds == 0 {
             return Err(invalid("facade.relayTimeoutSeconds", "must be at least 1"));
         }
+        if self.accounts.grace_period_seconds == 0 {
+            return Err(invalid("accounts.gracePeriodSeconds", "must be at least 1"));
+        }
+        if self.accounts.operation_history == 0 {
+            return Err(invalid("accounts.operationHistory", "must be at least 1"));
+        }
+        if let Some(cd) = &self.clouddriver {
+            if cd.base_url.is_none() && cd.kubeconfig_dir.is_none() {
+                return Err(invalid(
+                    "clouddriver",
+                    "needs baseUrl, kubeconfigDir or both",
+                ));
+            }
+            if let Some(base) = &cd.base_url {
+                match url::Url::parse(base) {
+                    Ok(u) if u.scheme() == "http" && u.host().is_some() => {}
+                    Ok(_) => {
+                        return Err(invalid(
+                            "clouddriver.baseUrl",
+                            "must be an http:// URL (Clouddriver beside the sidecar)",
+                        ));
+                    }
+                    Err(e) => return Err(invalid("clouddriver.baseUrl", &e.to_string())),
+                }
+            }
+            if let Some(f) = &cd.facade_url
+                && !(f.starts_with("http://") || f.starts_with("https://"))
+            {
+                return Err(invalid("clouddriver.facadeUrl", "must be an http(s):// URL"));
+            }
+            if cd.account.cache_threads == 0 {
+                return Err(invalid("clouddriver.account.cacheThreads", "must be at least 1"));
+            }
+            if cd.retry.initial_millis == 0 || cd.retry.max_millis < cd.retry.initial_millis {
+                return Err(invalid(
+                    "clouddriver.retry",
+                    "initialMillis must be at least 1 and at most maxMillis",
+                ));
+            }
+            for key in cd.account.permissions.keys() {
+                if !matches!(key.as_str(), "READ" | "WRITE" | "EXECUTE" | "CREATE") {
+                    return Err(invalid(
+                        "clouddriver.account.permissions",
+                        &format!("unknown authorization {key:?} (READ, WRITE, EXECUTE, CREATE)"),
+                    ));
+                }
+            }
+        }
         if !self.store.url.starts_with("sqlite:") {
             return Err(invalid(
                 "store.url",
@@ -269,6 +441,37 @@ mod tests {
         assert!(e.contains("tunnel.tls") && e.contains("f.yaml"), "{e}");
         let c = Config::from_yaml_str("tunnel: { insecure: true }\n", "f.yaml").unwrap();
         assert_eq!(c.store.url, DEFAULT_STORE_URL);
+    }
+
+    #[test]
+    fn clouddriver_and_accounts_sections() {
+        let c = Config::from_yaml_str(
+            "tunnel: { insecure: true }\naccounts: { gracePeriodSeconds: 5 }\nclouddriver:\n  baseUrl: http://localhost:7002\n  account: { namespaces: [a], permissions: { READ: [r], WRITE: [w] } }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.accounts.grace_period_seconds, 5);
+        assert_eq!(c.accounts.operation_history, DEFAULT_OPERATION_HISTORY);
+        let cd = c.clouddriver.unwrap();
+        assert_eq!(cd.account.cache_threads, DEFAULT_CACHE_THREADS);
+        assert_eq!(cd.retry.initial_millis, DEFAULT_RETRY_INITIAL_MILLIS);
+        assert_eq!(cd.account.permissions["WRITE"], ["w"]);
+        assert_eq!(Config::default().accounts.grace_period_seconds, 600);
+        for (yaml, key) in [
+            ("clouddriver: {}\n", "clouddriver"),
+            ("clouddriver: { baseUrl: ftp://x }\n", "clouddriver.baseUrl"),
+            ("clouddriver: { baseUrl: http://x, bogus: 1 }\n", "bogus"),
+            ("accounts: { gracePeriodSeconds: 0 }\n", "accounts.gracePeriodSeconds"),
+            (
+                "clouddriver: { kubeconfigDir: /tmp, account: { permissions: { ADMIN: [] } } }\n",
+                "clouddriver.account.permissions",
+            ),
+        ] {
+            let e = Config::from_yaml_str(&format!("tunnel: {{ insecure: true }}\n{yaml}"), "g.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("g.yaml"), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -1,22 +1,96 @@
 //! The account registry: every account this sidecar has seen, its cache, its
-//! relay stream and whether it is online. The tunnel writes it, the facade and
-//! the accounts API ([`api`]) read it. Start with [`Accounts`].
+//! relay stream, whether it is online, stale (its agent went away; reads are
+//! served from the last cache during the grace period) or removed, and the
+//! history of its relayed operations. The tunnel writes it, the facade and
+//! the accounts API ([`api`]) read it, [`lifecycle`] ends the grace period.
+//! Start with [`Accounts`].
 
 pub mod api;
+pub mod lifecycle;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+// tokio's clock, so tests can run grace periods under `tokio::time::pause`.
+use tokio::time::Instant;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
+use crate::config::DEFAULT_OPERATION_HISTORY;
 use crate::tunnel::relay::RelayHandle;
 
 /// A clonable handle on the registry of accounts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Accounts {
     inner: Arc<RwLock<HashMap<String, Arc<Account>>>>,
+    /// Bumped on every change of an account's presence; [`lifecycle`] and
+    /// the Clouddriver registration watch it (level-triggered: a watch, not a
+    /// queue, so a slow reader never holds the tunnel up).
+    changes: watch::Sender<u64>,
+    history: usize,
+    instance: Arc<str>,
+}
+
+impl Default for Accounts {
+    fn default() -> Self {
+        Self::with_history(DEFAULT_OPERATION_HISTORY)
+    }
+}
+
+/// Where an account stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Presence {
+    /// A cache stream from its agent is open.
+    Online,
+    /// No cache stream is open; reads are served from the last cache until
+    /// the grace period ends.
+    Stale,
+    /// The grace period ended: deregistered, cache dropped.
+    Removed,
+}
+
+/// One cached kind, as the accounts API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindStatus {
+    /// API group, empty for the core group.
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Kind name.
+    pub kind: String,
+    /// Namespaced or cluster-scoped.
+    pub namespaced: bool,
+    /// A full listing completed.
+    pub synced: bool,
+    /// Objects cached.
+    pub objects: usize,
+    /// The cache's resourceVersion for this kind.
+    pub resource_version: String,
+}
+
+/// How far an account's registration with Clouddriver got.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registration {
+    /// `disabled` (no `clouddriver` config), `pending`, `registered`,
+    /// `retrying`, `deregistered`.
+    pub state: String,
+    /// Failed attempts since the last success.
+    pub failures: u32,
+    /// The last failure, if the last attempt failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the state last changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated: Option<DateTime<Utc>>,
 }
 
 /// An account's state, as the accounts API shows it.
@@ -25,10 +99,19 @@ pub struct Accounts {
 pub struct AccountStatus {
     /// Account name.
     pub name: String,
+    /// `online`, `stale` or `removed`.
+    pub state: Presence,
+    /// The sidecar instance that owns (serves) the account.
+    pub owner_instance: String,
     /// The agent identity that serves it (empty before any stream).
     pub agent_identity: String,
     /// A cache stream is open.
     pub online: bool,
+    /// Cache streams open.
+    pub cache_streams: usize,
+    /// Seconds since the agent went away (stale and removed accounts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offline_seconds: Option<u64>,
     /// Kinds whose full listing completed.
     pub kinds_synced: usize,
     /// Kinds the agent has started to send.
@@ -39,6 +122,10 @@ pub struct AccountStatus {
     pub discovery: bool,
     /// A relay stream is attached.
     pub relay: bool,
+    /// Every cached kind.
+    pub kinds: Vec<KindStatus>,
+    /// Registration with Clouddriver.
+    pub registration: Registration,
 }
 
 impl AccountStatus {
@@ -53,6 +140,56 @@ impl AccountStatus {
     }
 }
 
+/// The outcome of a relayed operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    /// The agent answered (any HTTP status).
+    Answered,
+    /// The agent reported a failure instead of a response.
+    Failed,
+    /// No response head within the relay timeout.
+    Timeout,
+    /// No relay stream, or it closed.
+    Unavailable,
+    /// Refused by the sidecar (the account is stale).
+    Refused,
+}
+
+/// One relayed operation with the time of each hop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    /// Request id on the relay stream.
+    pub id: u64,
+    /// HTTP method.
+    pub method: String,
+    /// Kubernetes path.
+    pub path: String,
+    /// Raw query string.
+    pub query: String,
+    /// The `Kubectl-Command` header, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubectl_command: Option<String>,
+    /// The facade received the request.
+    pub received: DateTime<Utc>,
+    /// Its head went down the relay stream.
+    pub sent_to_agent: Option<DateTime<Utc>>,
+    /// The agent started it (not reported by agents yet).
+    pub agent_started: Option<DateTime<Utc>>,
+    /// The agent finished it (not reported by agents yet).
+    pub agent_finished: Option<DateTime<Utc>>,
+    /// The facade answered its client (the response head).
+    pub answered: Option<DateTime<Utc>>,
+    /// HTTP status answered.
+    pub status: u16,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Why it failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// One account.
 #[derive(Debug)]
 pub struct Account {
@@ -61,14 +198,23 @@ pub struct Account {
     pub cache: RwLock<Cache>,
     state: Mutex<State>,
     next_request_id: AtomicU64,
+    changes: watch::Sender<u64>,
+    history: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     agent_identity: String,
     cache_streams: usize,
     relay: Option<RelayHandle>,
     highest_seq: Option<u64>,
+    /// Since when no cache stream is open (`None` while online).
+    offline_since: Option<(Instant, DateTime<Utc>)>,
+    removed: bool,
+    /// Cancelled by a manual disconnect; every stream of the account ends.
+    connection: CancellationToken,
+    registration: Registration,
+    operations: VecDeque<Operation>,
 }
 
 /// Locks ignoring poisoning: every critical section leaves the state
@@ -78,13 +224,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Account {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, changes: watch::Sender<u64>, history: usize) -> Self {
         Self {
             name: name.to_owned(),
             cache: RwLock::default(),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                agent_identity: String::new(),
+                cache_streams: 0,
+                relay: None,
+                highest_seq: None,
+                offline_since: Some((Instant::now(), Utc::now())),
+                removed: false,
+                connection: CancellationToken::new(),
+                registration: Registration::default(),
+                operations: VecDeque::new(),
+            }),
             next_request_id: AtomicU64::new(1),
+            changes,
+            history: history.max(1),
         }
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The account name.
@@ -102,18 +264,95 @@ impl Account {
         self.cache.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A cache stream from `identity` opened.
+    /// A cache stream from `identity` opened: the account is online.
     pub fn cache_opened(&self, identity: &str) {
-        let mut s = lock(&self.state);
-        s.cache_streams += 1;
-        identity.clone_into(&mut s.agent_identity);
+        {
+            let mut s = lock(&self.state);
+            s.cache_streams += 1;
+            identity.clone_into(&mut s.agent_identity);
+            s.offline_since = None;
+            s.removed = false;
+        }
+        self.changed();
     }
 
-    /// A cache stream closed; returns whether the account is now offline.
+    /// A cache stream closed; returns whether the account is now offline
+    /// (stale: its grace period starts).
     pub fn cache_closed(&self) -> bool {
-        let mut s = lock(&self.state);
-        s.cache_streams = s.cache_streams.saturating_sub(1);
-        s.cache_streams == 0
+        let offline = {
+            let mut s = lock(&self.state);
+            s.cache_streams = s.cache_streams.saturating_sub(1);
+            if s.cache_streams == 0 && s.offline_since.is_none() {
+                s.offline_since = Some((Instant::now(), Utc::now()));
+            }
+            s.cache_streams == 0
+        };
+        self.changed();
+        offline
+    }
+
+    /// Where the account stands.
+    pub fn presence(&self) -> Presence {
+        let s = lock(&self.state);
+        presence_of(&s)
+    }
+
+    /// When the account went offline, if it is not online.
+    pub fn offline_since(&self) -> Option<Instant> {
+        let s = lock(&self.state);
+        if s.cache_streams > 0 {
+            None
+        } else {
+            s.offline_since.map(|(i, _)| i)
+        }
+    }
+
+    /// Ends the grace period: if the account is still offline, drops its
+    /// cache, forgets its sequence numbers and marks it removed. Returns
+    /// whether it did.
+    pub fn remove_if_offline(&self) -> bool {
+        {
+            let mut s = lock(&self.state);
+            if s.cache_streams > 0 || s.removed {
+                return false;
+            }
+            // Under the state lock: a stream opening now waits in
+            // `cache_opened` until the cache is empty, then fills it anew.
+            *self.write_cache() = Cache::default();
+            s.highest_seq = None;
+            s.removed = true;
+        }
+        self.changed();
+        true
+    }
+
+    /// A token for one stream of this account: cancelled by `parent` or by
+    /// a manual [`disconnect`](Self::disconnect).
+    pub fn stream_token(&self, parent: &CancellationToken) -> CancellationToken {
+        let child = parent.child_token();
+        let connection = lock(&self.state).connection.clone();
+        let out = child.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = connection.cancelled() => child.cancel(),
+                () = child.cancelled() => {}
+            }
+        });
+        out
+    }
+
+    /// Ends every stream of the account (the agent reconnects) and detaches
+    /// its relay. Returns whether any stream was open.
+    pub fn disconnect(&self) -> bool {
+        let had = {
+            let mut s = lock(&self.state);
+            let old = std::mem::take(&mut s.connection);
+            old.cancel();
+            s.relay = None;
+            s.cache_streams > 0
+        };
+        self.changed();
+        had
     }
 
     /// Attaches a relay stream, replacing any earlier one (its requests in
@@ -166,54 +405,220 @@ impl Account {
         }
     }
 
-    /// The account's status.
+    /// Records the registration state.
+    pub fn set_registration(&self, state: &str, error: Option<String>) {
+        let mut s = lock(&self.state);
+        let r = &mut s.registration;
+        if error.is_some() {
+            r.failures = r.failures.saturating_add(1);
+        } else {
+            r.failures = 0;
+        }
+        state.clone_into(&mut r.state);
+        r.last_error = error;
+        r.updated = Some(Utc::now());
+    }
+
+    /// Remembers a relayed operation (the oldest is forgotten past the
+    /// configured history).
+    pub fn record_operation(&self, op: Operation) {
+        let mut s = lock(&self.state);
+        while s.operations.len() >= self.history {
+            s.operations.pop_front();
+        }
+        s.operations.push_back(op);
+    }
+
+    /// The remembered operations, oldest first.
+    pub fn operations(&self) -> Vec<Operation> {
+        lock(&self.state).operations.iter().cloned().collect()
+    }
+
+    /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
     pub fn status(&self) -> AccountStatus {
-        let (identity, online, relay) = {
+        let (identity, presence, streams, relay, offline, registration) = {
             let s = lock(&self.state);
             (
                 s.agent_identity.clone(),
-                s.cache_streams > 0,
+                presence_of(&s),
+                s.cache_streams,
                 s.relay.is_some(),
+                s.offline_since
+                    .filter(|_| s.cache_streams == 0)
+                    .map(|(i, _)| i.elapsed().as_secs()),
+                s.registration.clone(),
             )
         };
         let cache = self.read_cache();
         let (kinds_synced, kinds_total, objects) = cache.counts();
+        let mut kinds: Vec<KindStatus> = cache
+            .kinds()
+            .map(|k| KindStatus {
+                group: k.info.group.clone(),
+                version: k.info.version.clone(),
+                resource: k.info.resource.clone(),
+                kind: k.info.kind.clone(),
+                namespaced: k.info.namespaced,
+                synced: k.synced,
+                objects: k.objects.len(),
+                resource_version: k.resource_version.clone(),
+            })
+            .collect();
+        kinds.sort_by(|a, b| (&a.group, &a.resource).cmp(&(&b.group, &b.resource)));
         AccountStatus {
             name: self.name.clone(),
+            state: presence,
+            owner_instance: String::new(),
             agent_identity: identity,
-            online,
+            online: presence == Presence::Online,
+            cache_streams: streams,
+            offline_seconds: offline,
             kinds_synced,
             kinds_total,
             objects,
             discovery: cache.has_discovery(),
             relay,
+            kinds,
+            registration,
         }
     }
 }
 
+fn presence_of(s: &State) -> Presence {
+    if s.cache_streams > 0 {
+        Presence::Online
+    } else if s.removed {
+        Presence::Removed
+    } else {
+        Presence::Stale
+    }
+}
+
+/// An agent and the streams it has open here, as the accounts API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// The agent identity the gateway verified.
+    pub identity: String,
+    /// Accounts it serves (or last served) here.
+    pub accounts: Vec<AgentAccount>,
+}
+
+/// One account of an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAccount {
+    /// Account name.
+    pub name: String,
+    /// `online`, `stale` or `removed`.
+    pub state: Presence,
+    /// Cache streams open.
+    pub cache_streams: usize,
+    /// A relay stream is attached.
+    pub relay: bool,
+}
+
 impl Accounts {
-    /// An empty registry.
+    /// An empty registry remembering [`DEFAULT_OPERATION_HISTORY`]
+    /// operations per account.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The status of account `name`, if known.
-    pub fn status(&self, name: &str) -> Option<AccountStatus> {
-        self.get(name).map(|a| a.status())
+    /// An empty registry remembering `history` operations per account.
+    pub fn with_history(history: usize) -> Self {
+        Self {
+            inner: Arc::default(),
+            changes: watch::Sender::new(0),
+            history,
+            instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
+        }
     }
 
-    /// The status of every account, by name.
-    pub fn list(&self) -> Vec<AccountStatus> {
-        let accounts: Vec<Arc<Account>> = self
+    /// Names this sidecar instance as the owner of its accounts.
+    #[must_use]
+    pub fn with_instance(mut self, instance: &str) -> Self {
+        self.instance = Arc::from(instance);
+        self
+    }
+
+    fn owned(&self, mut status: AccountStatus) -> AccountStatus {
+        self.instance.as_ref().clone_into(&mut status.owner_instance);
+        status
+    }
+
+    /// A receiver that sees every change of an account's presence.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// The status of account `name`, if known.
+    pub fn status(&self, name: &str) -> Option<AccountStatus> {
+        self.get(name).map(|a| self.owned(a.status()))
+    }
+
+    /// Every account, by name.
+    pub fn all(&self) -> Vec<Arc<Account>> {
+        let mut accounts: Vec<Arc<Account>> = self
             .inner
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
             .cloned()
             .collect();
-        let mut out: Vec<AccountStatus> = accounts.iter().map(|a| a.status()).collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
+        accounts.sort_by(|a, b| a.name.cmp(&b.name));
+        accounts
+    }
+
+    /// The status of every account, by name.
+    pub fn list(&self) -> Vec<AccountStatus> {
+        self.all().iter().map(|a| self.owned(a.status())).collect()
+    }
+
+    /// Every agent identity with its accounts, by identity.
+    pub fn agents(&self) -> Vec<AgentStatus> {
+        let mut by_identity: BTreeMap<String, Vec<AgentAccount>> = BTreeMap::new();
+        for a in self.all() {
+            let s = lock(&a.state);
+            if s.agent_identity.is_empty() {
+                continue;
+            }
+            by_identity
+                .entry(s.agent_identity.clone())
+                .or_default()
+                .push(AgentAccount {
+                    name: a.name.clone(),
+                    state: presence_of(&s),
+                    cache_streams: s.cache_streams,
+                    relay: s.relay.is_some(),
+                });
+        }
+        by_identity
+            .into_iter()
+            .map(|(identity, accounts)| AgentStatus { identity, accounts })
+            .collect()
+    }
+
+    /// Disconnects every account served by agent `identity`; returns the
+    /// accounts disconnected, `None` if the identity serves none.
+    pub fn disconnect_agent(&self, identity: &str) -> Option<Vec<String>> {
+        let accounts: Vec<Arc<Account>> = self
+            .all()
+            .into_iter()
+            .filter(|a| lock(&a.state).agent_identity == identity)
+            .collect();
+        if accounts.is_empty() {
+            return None;
+        }
+        Some(
+            accounts
+                .iter()
+                .map(|a| {
+                    a.disconnect();
+                    a.name.clone()
+                })
+                .collect(),
+        )
     }
 
     /// Account `name`, if known.
@@ -230,27 +635,109 @@ impl Accounts {
         if let Some(a) = self.get(name) {
             return a;
         }
-        self.inner
+        let account = self
+            .inner
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(Account::new(name)))
-            .clone()
+            .or_insert_with(|| Arc::new(Account::new(name, self.changes.clone(), self.history)))
+            .clone();
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        account
     }
 }
+
+/// How long an account has been offline, rounded to seconds, for messages.
+pub fn age_seconds(since: Option<Instant>) -> u64 {
+    since.map_or(0, |s| s.elapsed().as_secs())
+}
+
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn seq_tracking_acks_highest_contiguous() {
-        let a = Account::new("a");
+        let a = Account::new("a", watch::Sender::new(0), 4);
         assert_eq!(a.record_seq(5), (5, false));
         assert_eq!(a.record_seq(6), (6, false));
         assert_eq!(a.record_seq(4), (6, false));
         assert_eq!(a.record_seq(6), (6, false));
         assert_eq!(a.record_seq(9), (9, true));
+    }
+
+    #[tokio::test]
+    async fn presence_goes_online_stale_removed_and_back() {
+        let accounts = Accounts::new().with_instance("me");
+        let mut changes = accounts.subscribe();
+        let a = accounts.get_or_create("a");
+        assert_eq!(a.presence(), Presence::Stale);
+        a.cache_opened("id");
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert_eq!(a.presence(), Presence::Online);
+        assert!(a.offline_since().is_none());
+        assert!(!a.remove_if_offline(), "online accounts are never removed");
+        a.write_cache().sync_start(&spinlink_proto::v1::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        });
+        assert!(a.cache_closed());
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(a.presence(), Presence::Stale);
+        assert!(a.offline_since().is_some());
+        assert_eq!(a.status().kinds.len(), 1, "stale accounts keep their cache");
+        assert!(a.remove_if_offline());
+        assert!(!a.remove_if_offline());
+        let st = accounts.status("a").unwrap();
+        assert_eq!((st.state, st.kinds_total), (Presence::Removed, 0));
+        assert_eq!(st.owner_instance, "me");
+        assert_eq!(serde_json::to_value(&st).unwrap()["state"], "removed");
+        a.cache_opened("id2");
+        assert_eq!(a.presence(), Presence::Online);
+    }
+
+    #[tokio::test]
+    async fn operations_are_a_bounded_ring_and_disconnect_ends_streams() {
+        let accounts = Accounts::with_history(2);
+        let a = accounts.get_or_create("a");
+        for id in 1..=3 {
+            a.record_operation(Operation {
+                id,
+                method: "GET".into(),
+                path: "/api".into(),
+                query: String::new(),
+                kubectl_command: None,
+                received: Utc::now(),
+                sent_to_agent: None,
+                agent_started: None,
+                agent_finished: None,
+                answered: None,
+                status: 200,
+                outcome: Outcome::Answered,
+                message: None,
+            });
+        }
+        let ids: Vec<u64> = a.operations().iter().map(|o| o.id).collect();
+        assert_eq!(ids, [2, 3]);
+
+        let parent = CancellationToken::new();
+        let stream = a.stream_token(&parent);
+        a.cache_opened("spiffe://x/agent/1");
+        assert_eq!(accounts.agents()[0].identity, "spiffe://x/agent/1");
+        assert!(accounts.disconnect_agent("nobody").is_none());
+        assert_eq!(accounts.disconnect_agent("spiffe://x/agent/1").unwrap(), ["a"]);
+        tokio::time::timeout(Duration::from_secs(10), stream.cancelled())
+            .await
+            .unwrap();
+        assert!(!parent.is_cancelled());
+        let later = a.stream_token(&parent);
+        assert!(!later.is_cancelled(), "streams opened after a disconnect live on");
     }
 
     #[test]
@@ -268,13 +755,19 @@ mod tests {
         assert!(accounts.status("b").is_none());
         let ready = AccountStatus {
             name: "a".into(),
+            state: Presence::Online,
+            owner_instance: "s".into(),
             agent_identity: "x".into(),
             online: true,
+            cache_streams: 1,
+            offline_seconds: None,
             kinds_synced: 2,
             kinds_total: 2,
             objects: 0,
             discovery: true,
             relay: true,
+            kinds: Vec::new(),
+            registration: Registration::default(),
         };
         assert!(ready.ready());
         assert!(
