@@ -215,6 +215,9 @@ pub struct ClouddriverConfig {
     pub retry: RetryConfig,
     /// Seconds one Clouddriver call may take.
     pub request_timeout_seconds: u64,
+    /// The user named in `X-SPINNAKER-USER` on every call (Clouddriver's
+    /// account API requires an authenticated user when Fiat is on).
+    pub user: Option<String>,
 }
 
 impl ClouddriverConfig {

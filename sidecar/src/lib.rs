@@ -5,13 +5,17 @@
 //!
 //! Start with [`Sidecar`]: [`Sidecar::bind`] then [`Sidecar::run`]. A request
 //! flows through [`tunnel`] (streams in) → [`accounts`] / [`cache`] (state) →
-//! [`facade`] (Kubernetes API out); [`store`] records accounts in SQLite.
+//! [`facade`] (Kubernetes API out); [`store`] records accounts in SQLite;
+//! [`accounts::lifecycle`] ends grace periods and drives [`clouddriver`]
+//! registration.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
 pub mod cache;
+pub mod clouddriver;
 pub mod config;
 pub mod facade;
+pub mod metrics;
 pub mod store;
 pub mod tunnel;
 
@@ -63,6 +67,16 @@ pub enum Error {
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The facade's base URL as a process on this host reaches it.
+fn facade_url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
 /// A bound sidecar, ready to run.
 #[derive(Debug)]
 pub struct Sidecar {
@@ -112,6 +126,8 @@ impl Sidecar {
         let store = store::Store::open(&config.store.url).await?;
         let (tunnel, tunnel_addr) = bind_listener("tunnel", config.tunnel.listen).await?;
         let (facade, facade_addr) = bind_listener("facade", config.facade.listen).await?;
+        let accounts = Accounts::with_history(config.accounts.operation_history)
+            .with_instance(&config.instance_id);
         Ok(Sidecar {
             config,
             tunnel,
@@ -119,7 +135,7 @@ impl Sidecar {
             facade,
             facade_addr,
             security,
-            accounts: Accounts::new(),
+            accounts,
             store,
         })
     }
@@ -155,10 +171,23 @@ impl Sidecar {
             service,
             shutdown.clone(),
         ));
+        let metrics = metrics::Metrics::default();
+        let registrar = self.config.clouddriver.clone().map(|cd| {
+            clouddriver::Registrar::start(cd, &facade_url(self.facade_addr), metrics.clone())
+        });
+        let lifecycle = tokio::spawn(
+            accounts::lifecycle::Lifecycle::new(
+                self.accounts.clone(),
+                Duration::from_secs(self.config.accounts.grace_period_seconds),
+                registrar,
+            )
+            .run(shutdown.clone()),
+        );
         let facade_impl = facade::Facade::new(
             self.accounts.clone(),
             Duration::from_secs(self.config.facade.relay_timeout_seconds),
-        );
+        )
+        .with_metrics(metrics);
         let facade = tokio::spawn(facade::serve(self.facade, facade_impl, shutdown.clone()));
         let stop = shutdown.clone();
         // A server failing alone takes the sidecar down with it.
@@ -181,7 +210,9 @@ impl Sidecar {
             }
         };
         let facade_result = facade.await;
+        let lifecycle_result = lifecycle.await;
         self.store.close().await;
+        lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;
         if let Some(r) = tunnel_result {
             r.map_err(|e| Error::Task("tunnel", e))??;

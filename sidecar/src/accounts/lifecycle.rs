@@ -1,4 +1,5 @@
-//! The account lifecycle loop: an account whose agent went away stays registered and is served
+//! The account lifecycle loop: an account that comes online is registered
+//! with Clouddriver; one whose agent went away stays registered and is served
 //! stale from its cache for the grace period, then it is removed (cache
 //! dropped) and deregistered. Start with [`Lifecycle::run`].
 //!
@@ -12,19 +13,25 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Accounts, Presence};
+use crate::clouddriver::Registrar;
 
 /// Ends grace periods and drives registration.
 #[derive(Debug)]
 pub struct Lifecycle {
     accounts: Accounts,
     grace: Duration,
+    registrar: Option<Registrar>,
 }
 
 impl Lifecycle {
     /// A loop over `accounts` removing those offline for longer than
-    /// `grace`.
-    pub fn new(accounts: Accounts, grace: Duration) -> Self {
-        Self { accounts, grace }
+    /// `grace`; `registrar` registers them with Clouddriver when configured.
+    pub fn new(accounts: Accounts, grace: Duration, registrar: Option<Registrar>) -> Self {
+        Self {
+            accounts,
+            grace,
+            registrar,
+        }
     }
 
     /// One pass over every account; returns when the next grace period ends.
@@ -33,7 +40,16 @@ impl Lifecycle {
         let mut next: Option<Instant> = None;
         for account in self.accounts.all() {
             match account.presence() {
-                Presence::Online | Presence::Removed => {}
+                Presence::Online => {
+                    if let Some(r) = &self.registrar {
+                        r.want(&account, true);
+                    }
+                }
+                Presence::Removed => {
+                    if let Some(r) = &self.registrar {
+                        r.want(&account, false);
+                    }
+                }
                 Presence::Stale => {
                     let Some(since) = account.offline_since() else {
                         continue;
@@ -46,6 +62,9 @@ impl Lifecycle {
                                 grace_seconds = self.grace.as_secs(),
                                 "account offline past its grace period; removed"
                             );
+                            if let Some(r) = &self.registrar {
+                                r.want(&account, false);
+                            }
                         }
                     } else {
                         next = Some(next.map_or(end, |n| n.min(end)));
@@ -74,6 +93,9 @@ impl Lifecycle {
                 () = grace_end => {}
             }
         }
+        if let Some(r) = self.registrar {
+            r.shutdown().await;
+        }
     }
 }
 
@@ -90,7 +112,7 @@ mod tests {
         b.cache_opened("id");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(
-            Lifecycle::new(accounts.clone(), Duration::from_secs(600)).run(shutdown.clone()),
+            Lifecycle::new(accounts.clone(), Duration::from_secs(600), None).run(shutdown.clone()),
         );
         a.cache_closed();
         // Paused time: advance just short of the grace period.

@@ -20,6 +20,16 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
+/// A `200 OK` plain-text response (the Prometheus text format).
+pub fn text(body: String) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
 /// The response for a failure: its code and the `metav1.Status` as JSON.
 pub fn status(status: &Status) -> Response<Body> {
     status.to_http().map(full)

@@ -5,6 +5,12 @@
 //! ([`route::from_cache`], [`read::resource`]), or relayed live to the agent
 //! ([`relay`]). Every error is a `metav1.Status` from `spinlink-kube-api`, answered
 //! by [`body::status`].
+//!
+//! While an account is stale (its agent went away, the grace period runs),
+//! reads the cache can answer are served with a `Warning` header saying how
+//! stale they are, and everything that would go to the agent gets a 503
+//! Status. A removed account is not found. `/metrics` serves the sidecar's
+//! Prometheus metrics.
 
 pub mod body;
 pub mod read;
@@ -21,7 +27,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::{self, Accounts};
+use crate::accounts::{self, Account, Accounts, Presence};
+use crate::metrics::{self, Metrics, Source};
 use body::Body;
 use route::{Query, ResourcePath};
 use spinlink_kube_api::Status;
@@ -34,6 +41,7 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 pub struct Facade {
     accounts: Accounts,
     relay_timeout: Duration,
+    metrics: Metrics,
 }
 
 impl Facade {
@@ -43,7 +51,15 @@ impl Facade {
         Self {
             accounts,
             relay_timeout,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts requests in `metrics` (and serves them at `/metrics`).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Answers one request.
@@ -53,6 +69,9 @@ impl Facade {
         B::Error: std::fmt::Display + Send,
     {
         let path = req.uri().path().to_owned();
+        if path == "/metrics" && req.method() == Method::GET {
+            return body::text(self.metrics.render(&self.accounts));
+        }
         if path == accounts::api::PREFIX || path.starts_with("/v1/accounts/") {
             return accounts::api::handle(&self.accounts, req.method(), &path);
         }
@@ -61,31 +80,79 @@ impl Facade {
                 "the server could not find the requested resource ({path}); use /accounts/<name>/..."
             )));
         };
-        let Some(account) = self.accounts.get(&name) else {
+        let Some(account) = self
+            .accounts
+            .get(&name)
+            .filter(|a| a.presence() != Presence::Removed)
+        else {
             return body::status(&Status::not_found_message(format!(
                 "account \"{name}\" not found"
             )));
         };
+        let stale = account.presence() == Presence::Stale;
         let accept = req
             .headers()
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let rp = ResourcePath::parse(&k8s_path);
+        let verb = metrics::verb(
+            req.method(),
+            rp.as_ref().is_some_and(|p| p.name.is_some()),
+            Query::parse(req.uri().query())
+                .get("watch")
+                .is_some_and(|w| w == "true" || w == "1"),
+        );
         if req.method() == Method::GET {
-            if let Some(resp) = read::discovery(&account, &k8s_path, &accept) {
+            let cached = read::discovery(&account, &k8s_path, &accept).or_else(|| {
+                let rp = rp.as_ref()?;
+                let query = Query::parse(req.uri().query());
+                if route::from_cache(req.method(), rp, &query, req.headers()) {
+                    read::resource(&account, rp, &query, &accept)
+                } else {
+                    None
+                }
+            });
+            if let Some(mut resp) = cached {
+                self.metrics.request(&name, verb, Source::Cache);
+                if stale {
+                    warn_stale(&account, &mut resp);
+                }
                 return resp;
             }
-            if let Some(rp) = ResourcePath::parse(&k8s_path) {
-                let query = Query::parse(req.uri().query());
-                if route::from_cache(req.method(), &rp, &query, req.headers())
-                    && let Some(resp) = read::resource(&account, &rp, &query, &accept)
-                {
-                    return resp;
-                }
-            }
         }
-        relay::relay(account, req, k8s_path, self.relay_timeout).await
+        if stale {
+            self.metrics.request(&name, verb, Source::Refused);
+            let offline = accounts::age_seconds(account.offline_since());
+            return body::status(&Status::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "account \"{name}\" is offline (its agent disconnected {offline}s ago); \
+                     only reads from its cache are served until it reconnects"
+                ),
+            ));
+        }
+        self.metrics.request(&name, verb, Source::Relay);
+        let started = std::time::Instant::now();
+        let resp = relay::relay(account, req, k8s_path, self.relay_timeout).await;
+        self.metrics
+            .relay_latency(&name, started.elapsed().as_secs_f64());
+        resp
+    }
+}
+
+/// The `Warning` header of an answer from a stale account's cache. kubectl
+/// prints warnings with code 299 to its stderr.
+fn warn_stale(account: &Account, resp: &mut Response<Body>) {
+    let offline = accounts::age_seconds(account.offline_since());
+    let text = format!(
+        "299 - \"spinlink: account {} is offline; this answer is from a cache {offline}s old\"",
+        account.name()
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&text) {
+        resp.headers_mut().append(header::WARNING, v);
     }
 }
 

@@ -56,8 +56,13 @@ pub async fn start() -> anyhow::Result<Running> {
 }
 
 pub async fn start_with(extra_facade: &str) -> anyhow::Result<Running> {
+    start_config(extra_facade, "").await
+}
+
+/// A sidecar with `extra_facade` keys in `facade:` and `extra` top-level YAML.
+pub async fn start_config(extra_facade: &str, extra: &str) -> anyhow::Result<Running> {
     let yaml = format!(
-        "instanceId: test\ntunnel: {{ listen: 127.0.0.1:0, insecure: true }}\nfacade: {{ listen: 127.0.0.1:0{extra_facade} }}\n"
+        "instanceId: test\ntunnel: {{ listen: 127.0.0.1:0, insecure: true }}\nfacade: {{ listen: 127.0.0.1:0{extra_facade} }}\n{extra}"
     );
     let config = Config::from_yaml_str(&yaml, "test.yaml")?;
     let sidecar = Sidecar::bind(config).await?;

@@ -1,0 +1,264 @@
+//! The sidecar's Prometheus metrics (`prometheus-client`), served at
+//! `/metrics` on the facade port beside the accounts API. Counters and the
+//! relay latency histogram are updated where things happen (facade,
+//! Clouddriver registration); per-account gauges (objects, cache bytes,
+//! state) are computed from the registry at scrape time, so a removed
+//! account's series disappear with it. Start with [`Metrics`].
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::accounts::{Accounts, Presence};
+
+type Labels = Vec<(String, String)>;
+
+/// Where a facade request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// From the account's cache or discovery snapshot.
+    Cache,
+    /// Relayed live to the agent.
+    Relay,
+    /// Refused by the sidecar (account stale or unknown).
+    Refused,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Cache => "cache",
+            Self::Relay => "relay",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+fn relay_histogram() -> Histogram {
+    // 1 ms … ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    relay_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    registrations: Family<Labels, Counter>,
+    objects: Family<Labels, Gauge>,
+    cache_bytes: Family<Labels, Gauge>,
+    state: Family<Labels, Gauge>,
+}
+
+/// The metrics; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every sidecar metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("spinlink_sidecar");
+        let requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "facade_requests",
+            "Facade requests by account, verb and where they were answered (cache, relay, refused)",
+            requests.clone(),
+        );
+        let relay_seconds =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(relay_histogram);
+        registry.register(
+            "relay_duration_seconds",
+            "Time from receiving a relayed request to the agent's response head",
+            relay_seconds.clone(),
+        );
+        let registrations = Family::<Labels, Counter>::default();
+        registry.register(
+            "registrations",
+            "Account registration calls by target (clouddriver, kubeconfig), operation and outcome",
+            registrations.clone(),
+        );
+        let objects = Family::<Labels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects cached per account",
+            objects.clone(),
+        );
+        let cache_bytes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "cache_bytes",
+            "Approximate size of the cached objects per account (their JSON encoding)",
+            cache_bytes.clone(),
+        );
+        let state = Family::<Labels, Gauge>::default();
+        registry.register(
+            "account_state",
+            "1 for the state each account is in (online, stale, removed)",
+            state.clone(),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                requests,
+                relay_seconds,
+                registrations,
+                objects,
+                cache_bytes,
+                state,
+            }),
+        }
+    }
+
+    /// Counts one facade request.
+    pub fn request(&self, account: &str, verb: &str, source: Source) {
+        self.inner
+            .requests
+            .get_or_create(&vec![
+                ("account".to_owned(), account.to_owned()),
+                ("verb".to_owned(), verb.to_owned()),
+                ("source".to_owned(), source.as_str().to_owned()),
+            ])
+            .inc();
+    }
+
+    /// Records how long a relayed request waited for its response head.
+    pub fn relay_latency(&self, account: &str, seconds: f64) {
+        self.inner
+            .relay_seconds
+            .get_or_create(&vec![("account".to_owned(), account.to_owned())])
+            .observe(seconds);
+    }
+
+    /// Counts one registration call.
+    pub fn registration(&self, target: &str, op: &str, success: bool) {
+        self.inner
+            .registrations
+            .get_or_create(&vec![
+                ("target".to_owned(), target.to_owned()),
+                ("op".to_owned(), op.to_owned()),
+                (
+                    "outcome".to_owned(),
+                    if success { "success" } else { "failure" }.to_owned(),
+                ),
+            ])
+            .inc();
+    }
+
+    /// The text exposition, with per-account gauges computed from `accounts`.
+    pub fn render(&self, accounts: &Accounts) -> String {
+        let inner = &self.inner;
+        inner.objects.clear();
+        inner.cache_bytes.clear();
+        inner.state.clear();
+        for account in accounts.all() {
+            let label = vec![("account".to_owned(), account.name().to_owned())];
+            let (objects, bytes) = {
+                let cache = account.read_cache();
+                let mut counter = ByteCounter(0);
+                let mut objects = 0usize;
+                for kind in cache.kinds() {
+                    for entry in kind.objects.values() {
+                        objects += 1;
+                        // Serialising into a counter allocates nothing.
+                        let _ = serde_json::to_writer(&mut counter, entry.object.as_ref());
+                    }
+                }
+                (objects, counter.0)
+            };
+            inner
+                .objects
+                .get_or_create(&label)
+                .set(i64::try_from(objects).unwrap_or(i64::MAX));
+            inner
+                .cache_bytes
+                .get_or_create(&label)
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            let presence = account.presence();
+            for (name, p) in [
+                ("online", Presence::Online),
+                ("stale", Presence::Stale),
+                ("removed", Presence::Removed),
+            ] {
+                let mut l = label.clone();
+                l.push(("state".to_owned(), name.to_owned()));
+                inner.state.get_or_create(&l).set(i64::from(presence == p));
+            }
+        }
+        let mut out = String::new();
+        if encode(&mut out, &inner.registry).is_err() {
+            let _ = writeln!(out, "# encoding failed");
+        }
+        out
+    }
+}
+
+struct ByteCounter(u64);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The Kubernetes verb of a request, for metrics.
+pub fn verb(method: &http::Method, named: bool, watch: bool) -> &'static str {
+    match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_has_counters_gauges_and_histogram() {
+        let m = Metrics::new();
+        let accounts = Accounts::new();
+        accounts.get_or_create("prod").cache_opened("id");
+        m.request("prod", "list", Source::Cache);
+        m.request("prod", "list", Source::Cache);
+        m.request("prod", "create", Source::Relay);
+        m.relay_latency("prod", 0.01);
+        m.registration("clouddriver", "register", false);
+        let text = m.render(&accounts);
+        assert!(
+            text.contains(
+                r#"spinlink_sidecar_facade_requests_total{account="prod",verb="list",source="cache"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"spinlink_sidecar_relay_duration_seconds_count{account="prod"} 1"#), "{text}");
+        assert!(text.contains(
+            r#"spinlink_sidecar_registrations_total{target="clouddriver",op="register",outcome="failure"} 1"#
+        ), "{text}");
+        assert!(text.contains(r#"spinlink_sidecar_cache_objects{account="prod"} 0"#), "{text}");
+        assert!(text.contains(r#"spinlink_sidecar_account_state{account="prod",state="online"} 1"#), "{text}");
+        assert_eq!(verb(&http::Method::GET, false, true), "watch");
+    }
+}
