@@ -47,6 +47,44 @@ async fn discovery_equals_fixtures() {
     assert_eq!(r.json()["preferredVersion"]["groupVersion"], "apps/v1");
 }
 
+/// Every group version `/apis` lists is served (kubectl without aggregated
+/// discovery fetches each one), and where a document is derived from the
+/// aggregated form it says what the recorded ones say.
+#[tokio::test]
+async fn every_listed_group_version_is_served() {
+    let s = start(Sim::new()).await;
+    let apis = s.get("/apis").await.json();
+    let mut served = 0;
+    for group in apis["groups"].as_array().unwrap() {
+        for v in group["versions"].as_array().unwrap() {
+            let path = format!("/apis/{}", v["groupVersion"].as_str().unwrap());
+            let r = s.get(&path).await;
+            assert_eq!(r.status, StatusCode::OK, "{path}");
+            assert_eq!(r.json()["groupVersion"], v["groupVersion"], "{path}");
+            served += 1;
+        }
+    }
+    assert!(served >= 20, "{served}");
+    let flow = s.get("/apis/flowcontrol.apiserver.k8s.io/v1").await.json();
+    let names: Vec<&str> = flow["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"flowschemas") && names.contains(&"flowschemas/status"), "{names:?}");
+    // The derivation, checked against a group version that was recorded.
+    let recorded = fixture("discovery/apis_apps_v1.json");
+    let strip = |mut v: Value| {
+        for r in v["resources"].as_array_mut().unwrap() {
+            r.as_object_mut().unwrap().remove("storageVersionHash");
+        }
+        v
+    };
+    let derived = spinlink_kube_sim::derived_group_version("apps", "v1").unwrap();
+    assert_eq!(strip(derived), strip(recorded));
+}
+
 #[tokio::test]
 async fn version_is_reported_as_configured() {
     let s = start(Sim::new()).await;
@@ -64,16 +102,23 @@ async fn openapi_documents() {
     let r = s.get("/openapi/v2").await;
     assert_eq!(r.content_type(), "application/json");
     assert_eq!(r.json()["swagger"], "2.0");
+    // Asked for in either form, answered in the dotted one a real server uses.
+    for accept in [
+        "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+    ] {
+        let r = s.get_accept("/openapi/v2", accept).await;
+        assert_eq!(
+            r.content_type(),
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+        );
+    }
     let r = s
         .get_accept(
             "/openapi/v2",
             "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
         )
         .await;
-    assert_eq!(
-        r.content_type(),
-        "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
-    );
     let pb = std::fs::read(format!(
         "{}/fixtures/openapi/v2.pb",
         env!("CARGO_MANIFEST_DIR")

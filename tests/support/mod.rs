@@ -137,6 +137,7 @@ impl Drop for Proc {
 pub struct Kubectl {
     home: PathBuf,
     kubeconfig: PathBuf,
+    bin: Option<PathBuf>,
 }
 
 impl Kubectl {
@@ -147,12 +148,21 @@ impl Kubectl {
         Kubectl {
             home,
             kubeconfig: kubeconfig.to_owned(),
+            bin: None,
         }
+    }
+
+    /// The same, running the kubectl binary at `bin`.
+    pub fn with_binary(mut self, bin: &Path) -> Kubectl {
+        self.bin = Some(bin.to_owned());
+        self
     }
 
     /// Runs kubectl with `args` and `stdin`, returning its output.
     pub fn run_with_input(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let bin = std::env::var("SPINLINK_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let bin = self.bin.clone().unwrap_or_else(|| {
+            std::env::var_os("SPINLINK_KUBECTL").map_or_else(|| "kubectl".into(), PathBuf::from)
+        });
         let mut child = Command::new(&bin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -170,7 +180,7 @@ impl Kubectl {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("running {bin}: {e}"));
+            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
         if let Some(input) = stdin {
             child
                 .stdin

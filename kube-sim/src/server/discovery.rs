@@ -127,6 +127,55 @@ pub(crate) fn group(custom: &[&'static ResourceInfo], group: &str) -> Option<Val
     Some(doc)
 }
 
+/// The `APIResourceList` of a built-in group version whose legacy document
+/// was not recorded, derived from the recorded aggregated discovery: the API
+/// server builds both from the same resource table, so they say the same
+/// (less `storageVersionHash`, which the aggregated form does not carry).
+pub fn derived_group_version(group: &str, version: &str) -> Option<Value> {
+    let all = fixture_json("discovery/apis.aggregated.json")?;
+    let entry = all["items"]
+        .as_array()?
+        .iter()
+        .find(|i| i["metadata"]["name"] == group)?;
+    let resources = entry["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["version"] == version)?["resources"]
+        .as_array()?;
+    let mut out = Vec::new();
+    for r in resources {
+        let namespaced = r["scope"] == "Namespaced";
+        let mut e = json!({
+            "name": r["resource"], "singularName": r["singularResource"],
+            "namespaced": namespaced, "kind": r["responseKind"]["kind"], "verbs": r["verbs"],
+        });
+        for key in ["shortNames", "categories"] {
+            if let Some(v) = r.get(key) {
+                e[key] = v.clone();
+            }
+        }
+        out.push(e);
+        for sub in r["subresources"].as_array().into_iter().flatten() {
+            let mut e = json!({
+                "name": format!("{}/{}", r["resource"].as_str().unwrap_or_default(),
+                    sub["subresource"].as_str().unwrap_or_default()),
+                "singularName": "", "namespaced": namespaced,
+                "kind": sub["responseKind"]["kind"], "verbs": sub["verbs"],
+            });
+            for key in ["group", "version"] {
+                if let Some(v) = sub["responseKind"][key].as_str().filter(|v| !v.is_empty()) {
+                    e[key] = json!(v);
+                }
+            }
+            out.push(e);
+        }
+    }
+    Some(json!({
+        "kind": "APIResourceList", "apiVersion": "v1",
+        "groupVersion": format!("{group}/{version}"), "resources": out,
+    }))
+}
+
 /// `/apis/{group}/{version}`: an `APIResourceList`.
 pub(crate) fn group_version(
     custom: &[&'static ResourceInfo],
@@ -135,6 +184,9 @@ pub(crate) fn group_version(
 ) -> Option<Value> {
     if let Some(b) = fixtures::group_version(group, version) {
         return serde_json::from_slice(b).ok();
+    }
+    if let Some(doc) = derived_group_version(group, version) {
+        return Some(doc);
     }
     let served: Vec<&&'static ResourceInfo> = custom
         .iter()

@@ -4,6 +4,7 @@
 
 mod custom_table;
 mod discovery;
+pub use discovery::derived_group_version;
 pub mod logs;
 mod router;
 mod watch;

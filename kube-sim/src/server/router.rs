@@ -51,8 +51,13 @@ pub const MAX_BODY: usize = 8 * 1024 * 1024;
 /// Content type of aggregated discovery v2 (what the real server answers with).
 pub const AGGREGATED_V2: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-/// Content type of the protobuf OpenAPI v2 document.
-pub const OPENAPI_V2_PB: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+/// Content type of the protobuf OpenAPI v2 document, as the API server
+/// answers it (kube-openapi's dotted form: Go's `mime.ParseMediaType`, which
+/// kubectl runs on responses, rejects the `@`).
+pub const OPENAPI_V2_PB: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+/// The older form clients still ask for (kubectl up to 1.28).
+pub const OPENAPI_V2_PB_DEPRECATED: &str =
+    "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 
 /// Response body type: whole JSON documents or a watch stream.
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -169,7 +174,9 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
             full(StatusCode::OK, "text/plain; charset=utf-8", "ok")
         }
         ["openapi", "v2"] if is_get => {
-            if accepts(&accept, OPENAPI_V2_PB, &[]) {
+            if accepts(&accept, OPENAPI_V2_PB, &[])
+                || accepts(&accept, OPENAPI_V2_PB_DEPRECATED, &[])
+            {
                 fixture("openapi/v2.pb", OPENAPI_V2_PB)
             } else {
                 fixture("openapi/v2.json", "application/json")
