@@ -233,3 +233,138 @@ async fn no_head_in_time_is_a_504_and_cancels() -> anyhow::Result<()> {
     assert_eq!(c.id, req.id);
     sidecar.stop().await
 }
+
+/// The agent (played here) answers the next relayed request with `status`
+/// and `body`, after checking its method.
+async fn answer(relay: &mut RelayStream, method: &str, status: u32, body: &serde_json::Value) -> anyhow::Result<()> {
+    let relay_down::Msg::Head(req) = relay.next().await? else {
+        anyhow::bail!("expected a request head");
+    };
+    assert_eq!(req.method, method);
+    if !req.end_stream {
+        // The request body, up to its end.
+        loop {
+            if let relay_down::Msg::Body(b) = relay.next().await?
+                && b.end_stream
+            {
+                break;
+            }
+        }
+    }
+    relay.send(head(req.id, status)).await?;
+    relay.send(chunk(req.id, &body.to_string(), true)).await
+}
+
+#[tokio::test]
+async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let pod = |rv: &str, image: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "demo", "resourceVersion": rv},
+            "spec": {"containers": [{"name": "c", "image": image}]}})
+    };
+    sync(&mut cache, &pods, &[pod("10", "one")]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web");
+
+    // A patch answered by the agent: the next read (from the cache) sees it,
+    // although no watch event has come.
+    let patch = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            request(&http, "PATCH", &url, &[("content-type", "application/merge-patch+json"),
+                ("kubectl-command", "kubectl patch")], "{}").await
+        }
+    });
+    answer(&mut relay, "PATCH", 200, &pod("11", "two")).await?;
+    let patched = patch.await??;
+    assert_eq!(patched.status, 200);
+    assert_eq!(patched.json()["metadata"]["resourceVersion"], "11");
+    let read = get(&http, &url).await?;
+    assert_eq!(read.json()["spec"]["containers"][0]["image"], "two");
+    // The list still claims only what the watch delivered.
+    let list = get(&http, &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods")).await?;
+    assert_eq!(list.json()["metadata"]["resourceVersion"], "1000");
+
+    // A failed write changes nothing; a finished delete removes it.
+    let failed = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { request(&http, "PUT", &url, &[("content-type", "application/json")], "{}").await }
+    });
+    answer(&mut relay, "PUT", 409, &serde_json::json!({"kind": "Status", "code": 409})).await?;
+    assert_eq!(failed.await??.status, 409);
+    assert_eq!(get(&http, &url).await?.json()["spec"]["containers"][0]["image"], "two");
+    let delete = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { request(&http, "DELETE", &url, &[], "").await }
+    });
+    answer(&mut relay, "DELETE", 200, &pod("12", "two")).await?;
+    assert_eq!(delete.await??.status, 200);
+    assert_eq!(get(&http, &url).await?.status, 404);
+
+    // The history: method, path, status, outcome and the time of each hop.
+    let ops = get(&http, &sidecar.url("/v1/accounts/prod/operations")).await?.json();
+    let ops = ops.as_array().unwrap();
+    let summary: Vec<(String, u64, String)> = ops
+        .iter()
+        .map(|o| {
+            (
+                o["method"].as_str().unwrap().to_owned(),
+                o["status"].as_u64().unwrap(),
+                o["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("PATCH".into(), 200, "answered".into()),
+            ("PUT".into(), 409, "answered".into()),
+            ("DELETE".into(), 200, "answered".into()),
+        ]
+    );
+    let first = &ops[0];
+    assert_eq!(first["path"], "/api/v1/namespaces/demo/pods/web");
+    assert_eq!(first["kubectlCommand"], "kubectl patch");
+    for hop in ["received", "sentToAgent", "answered"] {
+        assert!(first[hop].is_string(), "{hop}: {first}");
+    }
+    assert_eq!(get(&http, &sidecar.url("/v1/accounts/zzz/operations")).await?.status, 404);
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn agents_are_listed_and_can_be_disconnected() -> anyhow::Result<()> {
+    let (sidecar, _relay, mut cache) = setup().await?;
+    let http = http();
+    let agents = get(&http, &sidecar.url("/v1/agents")).await?.json();
+    assert_eq!(agents[0]["identity"], IDENTITY);
+    assert_eq!(agents[0]["accounts"][0]["name"], "prod");
+    assert_eq!(agents[0]["accounts"][0]["relay"], true);
+
+    let encoded: String = url::form_urlencoded::byte_serialize(IDENTITY.as_bytes()).collect();
+    let unknown = request(&http, "POST", &sidecar.url("/v1/agents/nobody/disconnect"), &[], "").await?;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(
+        get(&http, &sidecar.url(&format!("/v1/agents/{encoded}/disconnect"))).await?.status,
+        405
+    );
+    let done = request(&http, "POST", &sidecar.url(&format!("/v1/agents/{encoded}/disconnect")), &[], "").await?;
+    assert_eq!(done.status, 200, "{}", String::from_utf8_lossy(&done.body));
+    assert_eq!(done.json()["accounts"], serde_json::json!(["prod"]));
+    // The agent's cache stream is ended by the sidecar.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match cache.down.message().await {
+                Ok(Some(_)) => continue,
+                _ => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the cache stream stayed open");
+    wait_status(&sidecar, "prod", |s| !s.online && !s.relay).await?;
+    sidecar.stop().await
+}

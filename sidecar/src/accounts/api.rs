@@ -1,6 +1,14 @@
-//! The accounts REST API on the facade's port: `GET /v1/accounts` lists every
-//! account's [`AccountStatus`](super::AccountStatus), `GET /v1/accounts/<name>`
-//! shows one. Tests and `spinlink dev` poll it to know when an account is ready.
+//! The accounts and agents REST API on the facade's port, documented in
+//! `docs/api/sidecar.openapi.yaml`:
+//!
+//! - `GET /v1/accounts`: every account's [`AccountStatus`](super::AccountStatus);
+//!   `GET /v1/accounts/<name>` one of them; tests and `spinlink dev` poll it to
+//!   know when an account is ready;
+//! - `GET /v1/accounts/<name>/operations`: its recent relayed operations with
+//!   the time of each hop and the outcome;
+//! - `GET /v1/agents`: every agent identity with its accounts and streams;
+//! - `POST /v1/agents/<identity>/disconnect` (identity percent-encoded): ends
+//!   every stream of that agent here; it reconnects.
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode, header};
@@ -11,8 +19,30 @@ use spinlink_kube_api::Status;
 
 use crate::facade::body::status as status_response;
 
-/// The path prefix this API answers.
+/// The path prefix of the accounts API.
 pub const PREFIX: &str = "/v1/accounts";
+/// The path prefix of the agents API.
+pub const AGENTS: &str = "/v1/agents";
+
+/// Whether `path` belongs to this API.
+pub fn owns(path: &str) -> bool {
+    [PREFIX, AGENTS]
+        .iter()
+        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
+}
+
+fn not_found(what: String) -> Response<Body> {
+    status_response(&Status::not_found_message(what))
+}
+
+fn method_not_allowed(method: &Method) -> Response<Body> {
+    // The API is ours, so the message may name the method.
+    status_response(&Status::new(
+        405,
+        "MethodNotAllowed",
+        format!("the server does not allow this method on the requested resource: {method}"),
+    ))
+}
 
 fn json(value: &impl serde::Serialize) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
@@ -25,28 +55,43 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     resp
 }
 
-/// Answers a request whose path starts with [`PREFIX`].
+/// Answers a request whose path [`owns`] says is this API's.
 pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body> {
-    if method != Method::GET && method != Method::HEAD {
-        // The accounts API is ours, so the message may name the method.
-        return status_response(&Status::new(
-            405,
-            "MethodNotAllowed",
-            format!("the server does not allow this method on the requested resource: {method}"),
-        ));
+    let read = method == Method::GET || method == Method::HEAD;
+    if let Some(rest) = path.strip_prefix(AGENTS) {
+        let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+        return match segs.as_slice() {
+            [] if read => json(&accounts.agents()),
+            [identity, "disconnect"] if method == Method::POST => {
+                let identity = percent_encoding::percent_decode_str(identity).decode_utf8_lossy();
+                match accounts.disconnect_agent(&identity) {
+                    Some(names) => {
+                        tracing::info!(%identity, accounts = ?names, "agent disconnected by the API");
+                        json(&serde_json::json!({ "identity": identity, "accounts": names }))
+                    }
+                    None => not_found(format!("agent \"{identity}\" not found")),
+                }
+            }
+            [] | [_, "disconnect"] => method_not_allowed(method),
+            _ => not_found(format!("the server could not find the requested resource ({path})")),
+        };
+    }
+    if !read {
+        return method_not_allowed(method);
     }
     let rest = path.strip_prefix(PREFIX).unwrap_or_default();
-    match rest.trim_start_matches('/') {
-        "" => json(&accounts.list()),
-        name if !name.contains('/') => match accounts.status(name) {
+    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        [] => json(&accounts.list()),
+        [name] => match accounts.status(name) {
             Some(status) => json(&status),
-            None => status_response(&Status::not_found_message(format!(
-                "account \"{name}\" not found"
-            ))),
+            None => not_found(format!("account \"{name}\" not found")),
         },
-        _ => status_response(&Status::not_found_message(format!(
-            "the server could not find the requested resource ({path})"
-        ))),
+        [name, "operations"] => match accounts.get(name) {
+            Some(account) => json(&account.operations()),
+            None => not_found(format!("account \"{name}\" not found")),
+        },
+        _ => not_found(format!("the server could not find the requested resource ({path})")),
     }
 }
 
@@ -81,5 +126,41 @@ mod tests {
             handle(&accounts, &Method::POST, "/v1/accounts").status(),
             405
         );
+    }
+}
+
+#[cfg(test)]
+mod openapi_doc {
+    //! The documented API and the served one cannot drift apart.
+    use super::*;
+
+    fn doc() -> serde_json::Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api/sidecar.openapi.yaml");
+        serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn every_documented_path_is_served_and_every_status_field_documented() {
+        let doc = doc();
+        let accounts = Accounts::new();
+        accounts.get_or_create("a").cache_opened("id");
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            if path == "/metrics" {
+                continue;
+            }
+            let concrete = path.replace("{name}", "a").replace("{identity}", "id");
+            assert!(owns(&concrete), "{path} is documented but not routed here");
+            for method in item.as_object().unwrap().keys().filter(|k| *k != "parameters") {
+                let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+                let status = handle(&accounts, &m, &concrete).status();
+                assert_eq!(status, StatusCode::OK, "{method} {path}");
+            }
+        }
+        // Every field the API serves for an account is documented.
+        let served = serde_json::to_value(accounts.status("a").unwrap()).unwrap();
+        let documented = &doc["components"]["schemas"]["AccountStatus"]["properties"];
+        for key in served.as_object().unwrap().keys() {
+            assert!(documented.get(key).is_some(), "AccountStatus.{key} is not documented");
+        }
     }
 }

@@ -255,6 +255,51 @@ impl Cache {
         Ok(Applied::Upserted)
     }
 
+    /// Folds the object a relayed write answered with into the cache, so the
+    /// writer's next read sees its write (read-your-writes). Only kinds that
+    /// are cached are touched, only if the object is newer than what is held,
+    /// and the kind's resourceVersion does not move: a list served now must
+    /// not claim events it has not seen. `gone` removes it (a DELETE that
+    /// finished). Returns what it did.
+    pub fn fold_write(&mut self, key: &KindKey, object: &Value, gone: bool) -> Applied {
+        let Some(cached) = self.kinds.get_mut(key) else {
+            return Applied::Unchanged;
+        };
+        let meta = object.get("metadata");
+        let field = |f: &str| {
+            meta.and_then(|m| m.get(f))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (name, namespace, rv) = (field("name"), field("namespace"), field("resourceVersion"));
+        if name.is_empty() || rv.is_empty() {
+            return Applied::Unchanged;
+        }
+        let key = (namespace, name);
+        if let Some(existing) = cached.objects.get(&key)
+            && !is_newer(&rv, &existing.resource_version)
+        {
+            return Applied::Unchanged;
+        }
+        if gone {
+            return match cached.objects.remove(&key) {
+                Some(_) => Applied::Deleted,
+                None => Applied::Unchanged,
+            };
+        }
+        let generation = cached.generation;
+        cached.objects.insert(
+            key,
+            Entry {
+                object: Arc::new(object.clone()),
+                resource_version: rv,
+                generation,
+            },
+        );
+        Applied::Upserted
+    }
+
     /// Replaces the discovery documents.
     pub fn set_discovery(&mut self, documents: Vec<v1::Document>) {
         self.discovery = documents
@@ -361,6 +406,31 @@ mod tests {
         c.apply(&event(EventType::Modified, "a", "p", "x", json!(5)))
             .unwrap();
         assert_eq!(spec_of(&c, "a", "p"), Some(json!(5)));
+    }
+
+    #[test]
+    fn folded_writes_are_seen_without_moving_the_kind_rv() {
+        let mut c = Cache::default();
+        let key = KindKey::of(&pods());
+        let obj = |rv: &str, spec: i32| {
+            json!({"kind": "Pod", "apiVersion": "v1",
+                   "metadata": {"name": "p", "namespace": "a", "resourceVersion": rv}, "spec": spec})
+        };
+        // A kind that is not cached is left alone.
+        assert_eq!(c.fold_write(&key, &obj("5", 1), false), Applied::Unchanged);
+        c.sync_start(&pods());
+        c.sync_end(&pods(), "4");
+        assert_eq!(c.fold_write(&key, &obj("5", 1), false), Applied::Upserted);
+        assert_eq!(spec_of(&c, "a", "p"), Some(json!(1)));
+        assert_eq!(c.kind("", "v1", "pods").unwrap().resource_version, "4");
+        // The watch event of the same write changes nothing; an older one neither.
+        assert_eq!(
+            c.apply(&event(EventType::Modified, "a", "p", "5", json!(9))).unwrap(),
+            Applied::Unchanged
+        );
+        assert_eq!(c.fold_write(&key, &obj("3", 2), false), Applied::Unchanged);
+        assert_eq!(c.fold_write(&key, &obj("6", 3), true), Applied::Deleted);
+        assert_eq!(spec_of(&c, "a", "p"), None);
     }
 
     #[test]

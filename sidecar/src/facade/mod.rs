@@ -72,7 +72,7 @@ impl Facade {
         if path == "/metrics" && req.method() == Method::GET {
             return body::text(self.metrics.render(&self.accounts));
         }
-        if path == accounts::api::PREFIX || path.starts_with("/v1/accounts/") {
+        if accounts::api::owns(&path) {
             return accounts::api::handle(&self.accounts, req.method(), &path);
         }
         let Some((name, k8s_path)) = route::split_account(&path) else {
@@ -125,14 +125,16 @@ impl Facade {
         if stale {
             self.metrics.request(&name, verb, Source::Refused);
             let offline = accounts::age_seconds(account.offline_since());
-            return body::status(&Status::new(
+            let status = Status::new(
                 503,
                 "ServiceUnavailable",
                 format!(
                     "account \"{name}\" is offline (its agent disconnected {offline}s ago); \
                      only reads from its cache are served until it reconnects"
                 ),
-            ));
+            );
+            relay::record_refusal(&account, &req, &k8s_path, &status);
+            return body::status(&status);
         }
         self.metrics.request(&name, verb, Source::Relay);
         let started = std::time::Instant::now();

@@ -3,6 +3,11 @@
 //! the response head is awaited (bounded), and the response body streams back
 //! to the client chunk by chunk (watches, logs). A client that goes away
 //! mid-request gets its request cancelled in the agent.
+//!
+//! A successful write to a cached kind is answered only after its response
+//! object is folded into the cache ([`crate::cache::Cache::fold_write`]), so
+//! the writer's next read sees it (read-your-writes). Every relayed request is
+//! remembered in the account's operation history with the time of each hop.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,8 +22,9 @@ use spinlink_proto::v1::{self, relay_down};
 use tokio::sync::mpsc;
 
 use super::body::{self, Body, BoxError};
-use super::route::Query;
-use crate::accounts::Account;
+use super::route::{Query, ResourcePath};
+use crate::accounts::{Account, Operation, Outcome};
+use crate::cache::KindKey;
 use crate::tunnel::relay::RelayHandle;
 use spinlink_kube_api::Status;
 
@@ -54,8 +60,13 @@ impl Drop for CancelGuard {
     }
 }
 
-/// A relayed response body: chunks as the agent sends them.
+/// Largest write response buffered to fold into the cache; a larger one
+/// streams through unfolded (the watch brings it a moment later).
+pub const FOLD_LIMIT: usize = 8 * 1024 * 1024;
+
+/// A relayed response body: chunks as the agent sends them, after `prefix`.
 struct RelayBody {
+    prefix: Option<Bytes>,
     rx: mpsc::Receiver<Bytes>,
     guard: CancelGuard,
 }
@@ -69,6 +80,9 @@ impl HttpBody for RelayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(prefix) = this.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
         match this.rx.poll_recv(cx) {
             Poll::Ready(Some(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
             Poll::Ready(None) => {
@@ -80,7 +94,7 @@ impl HttpBody for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.guard.done
+        self.prefix.is_none() && self.guard.done
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -98,6 +112,63 @@ fn deadline_millis(query: &Query) -> i64 {
         })
 }
 
+/// The cached kind a write to `path` changes, if its answer is the object.
+fn folded_kind(account: &Account, method: &http::Method, path: &str) -> Option<KindKey> {
+    if !matches!(
+        *method,
+        http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+    ) {
+        return None;
+    }
+    let rp = ResourcePath::parse(path)?;
+    // Collection POSTs answer with the new object; `status` with the whole
+    // object; other subresources (scale, eviction) with something else.
+    let whole = rp.subresource.is_empty() || rp.subresource == ["status"];
+    let named = rp.name.is_some() || *method == http::Method::POST;
+    if !(whole && named) {
+        return None;
+    }
+    account.read_cache().kind(&rp.group, &rp.version, &rp.resource)?;
+    Some(KindKey {
+        group: rp.group,
+        version: rp.version,
+        resource: rp.resource,
+    })
+}
+
+/// Finishes the operation record and keeps it in the account's history.
+fn record(account: &Account, mut op: Operation, status: u16, outcome: Outcome, message: Option<String>) {
+    op.answered = Some(chrono::Utc::now());
+    op.status = status;
+    op.outcome = outcome;
+    op.message = message;
+    account.record_operation(op);
+}
+
+/// Records a request the facade refused without relaying it.
+pub fn record_refusal<B>(account: &Account, req: &Request<B>, k8s_path: &str, status: &Status) {
+    let now = chrono::Utc::now();
+    account.record_operation(Operation {
+        id: account.next_request_id(),
+        method: req.method().as_str().to_owned(),
+        path: k8s_path.to_owned(),
+        query: req.uri().query().unwrap_or_default().to_owned(),
+        kubectl_command: req
+            .headers()
+            .get("kubectl-command")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        received: now,
+        sent_to_agent: None,
+        agent_started: None,
+        agent_finished: None,
+        answered: Some(now),
+        status: status.code,
+        outcome: Outcome::Refused,
+        message: Some(status.message.clone()),
+    });
+}
+
 /// Relays `req` (its Kubernetes path `k8s_path`) to the agent.
 pub async fn relay<B>(
     account: Arc<Account>,
@@ -109,16 +180,41 @@ where
     B: HttpBody<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display + Send,
 {
-    let Some(handle) = account.relay() else {
-        return body::status(&Status::unavailable(format!(
-            "account {:?} has no relay stream from its agent",
-            account.name()
-        )));
-    };
     let (parts, body) = req.into_parts();
     let raw_query = parts.uri.query().unwrap_or("").to_owned();
-    let query = Query::parse(Some(&raw_query));
     let id = account.next_request_id();
+    let op = Operation {
+        id,
+        method: parts.method.as_str().to_owned(),
+        path: k8s_path.clone(),
+        query: raw_query.clone(),
+        kubectl_command: parts
+            .headers
+            .get("kubectl-command")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        received: chrono::Utc::now(),
+        sent_to_agent: None,
+        agent_started: None,
+        agent_finished: None,
+        answered: None,
+        status: 0,
+        outcome: Outcome::Answered,
+        message: None,
+    };
+    let fail = |account: &Account, op: Operation, outcome: Outcome, status: Status| {
+        record(account, op, status.code, outcome, Some(status.message.clone()));
+        body::status(&status)
+    };
+    let Some(handle) = account.relay() else {
+        let status = Status::unavailable(format!(
+            "account {:?} has no relay stream from its agent",
+            account.name()
+        ));
+        return fail(&account, op, Outcome::Unavailable, status);
+    };
+    let fold = folded_kind(&account, &parts.method, &k8s_path);
+    let query = Query::parse(Some(&raw_query));
     let exchange = handle.register(id);
     let mut guard = CancelGuard {
         handle: handle.clone(),
@@ -144,38 +240,56 @@ where
         deadline_unix_millis: deadline_millis(&query),
         end_stream,
     };
+    let mut op = op;
     if handle.send(relay_down::Msg::Head(head)).await.is_err() {
         guard.done = true;
-        return body::status(&Status::unavailable("the relay stream to the agent closed"));
+        let status = Status::unavailable("the relay stream to the agent closed");
+        return fail(&account, op, Outcome::Unavailable, status);
     }
+    op.sent_to_agent = Some(chrono::Utc::now());
     if !end_stream {
         tokio::spawn(send_body(handle.clone(), id, body));
     }
     let head = match tokio::time::timeout(timeout, exchange.head).await {
         Err(_) => {
-            return body::status(&Status::timeout(format!(
+            let status = Status::timeout(format!(
                 "the agent did not answer within {}s",
                 timeout.as_secs()
-            )));
+            ));
+            return fail(&account, op, Outcome::Timeout, status);
         }
         Ok(Err(_)) => {
             guard.done = true;
-            return body::status(&Status::unavailable("the relay stream to the agent closed"));
+            let status = Status::unavailable("the relay stream to the agent closed");
+            return fail(&account, op, Outcome::Unavailable, status);
         }
         Ok(Ok(Err(failure))) => {
             guard.done = true;
-            return body::status(&failure);
+            return fail(&account, op, Outcome::Failed, failure);
         }
         Ok(Ok(Ok(head))) => head,
     };
+    let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut rx = exchange.body;
+    let mut prefix = None;
+    if let Some(kind) = fold.filter(|_| status.is_success()) {
+        let (bytes, complete) = collect(&mut rx, FOLD_LIMIT).await;
+        if complete {
+            guard.done = true;
+            fold_into_cache(&account, &kind, &bytes, &parts.method);
+        }
+        prefix = Some(bytes);
+    }
+    record(&account, op, status.as_u16(), Outcome::Answered, None);
     let mut resp = Response::new(
         RelayBody {
-            rx: exchange.body,
+            prefix: prefix.filter(|p| !p.is_empty()),
+            rx,
             guard,
         }
         .boxed(),
     );
-    *resp.status_mut() = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    *resp.status_mut() = status;
     for (name, value) in head.headers {
         let lower = name.to_ascii_lowercase();
         if HOP_BY_HOP.contains(&lower.as_str()) {
@@ -189,6 +303,35 @@ where
         }
     }
     resp
+}
+
+/// Reads the body until it ends or passes `limit`; returns what was read
+/// and whether it was all of it.
+async fn collect(rx: &mut mpsc::Receiver<Bytes>, limit: usize) -> (Bytes, bool) {
+    let mut buf = bytes::BytesMut::new();
+    while buf.len() <= limit {
+        match rx.recv().await {
+            Some(chunk) => buf.extend_from_slice(&chunk),
+            None => return (buf.freeze(), true),
+        }
+    }
+    (buf.freeze(), false)
+}
+
+/// Folds a write's answer into the cache (see the module docs).
+fn fold_into_cache(account: &Account, kind: &KindKey, body: &[u8], method: &http::Method) {
+    let Ok(object) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return;
+    };
+    // A Status (some DELETEs answer one) names no object to fold.
+    if object.get("kind").and_then(|k| k.as_str()) == Some("Status") {
+        return;
+    }
+    let meta = &object["metadata"];
+    let finalizing = meta.get("deletionTimestamp").is_some()
+        && meta["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+    let gone = *method == http::Method::DELETE && !finalizing;
+    account.write_cache().fold_write(kind, &object, gone);
 }
 
 /// Streams the client's request body to the agent as `BodyChunk`s.

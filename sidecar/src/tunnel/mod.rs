@@ -133,13 +133,15 @@ impl Tunnel for TunnelService {
             tracing::warn!(account = %name, error = %e, "recording the account failed");
         }
         let (tx, rx) = mpsc::channel(cache::DEFAULT_DOWN_CAPACITY);
+        // Ends with the sidecar or with a manual disconnect of the account.
+        let stop = account.stream_token(&self.shutdown);
         tokio::spawn(cache::run(
             account,
             self.store.clone(),
             open.seq,
             inbound,
             tx,
-            self.shutdown.child_token(),
+            stop,
         ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -165,12 +167,8 @@ impl Tunnel for TunnelService {
         let handle = RelayHandle::new(tx);
         account.attach_relay(&identity, handle.clone());
         tracing::info!(account = %name, agent = %identity, "relay stream open");
-        tokio::spawn(relay::run(
-            account,
-            handle,
-            inbound,
-            self.shutdown.child_token(),
-        ));
+        let stop = account.stream_token(&self.shutdown);
+        tokio::spawn(relay::run(account, handle, inbound, stop));
         let out = ReceiverStream::new(rx).map(Ok);
         Ok(Response::new(Box::pin(out)))
     }
