@@ -1,0 +1,199 @@
+{{/* Names, labels, and the rendered gateway and sidecar configurations. */}}
+
+{{- define "spinlink.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "spinlink.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "gateway"). */}}
+{{- define "spinlink.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "spinlink.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "spinlink.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+{{ include "spinlink.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: spinlink
+{{- end -}}
+
+{{- define "spinlink.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "spinlink.gateway.tlsSecretName" -}}
+{{- default (printf "%s-gateway-tls" (include "spinlink.fullname" .)) .Values.gateway.tlsSecretName -}}
+{{- end -}}
+
+{{- define "spinlink.sidecar.tlsSecretName" -}}
+{{- default (printf "%s-sidecar-tls" (include "spinlink.fullname" .)) .Values.sidecar.tlsSecretName -}}
+{{- end -}}
+
+{{- define "spinlink.sidecar.configSecretName" -}}
+{{- default (printf "%s-sidecar-config" (include "spinlink.fullname" .)) .Values.sidecar.existingConfigSecret -}}
+{{- end -}}
+
+{{/* The in-cluster name of the sidecar tunnel Service. */}}
+{{- define "spinlink.sidecar.host" -}}
+{{- printf "%s-sidecar.%s.svc" (include "spinlink.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "spinlink.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/*
+The gateway configuration file (gateway/src/config.rs). Everything under
+.Values.gateway.config is merged over it, so new keys need no template change.
+*/}}
+{{- define "spinlink.gateway.config" -}}
+{{- $g := .Values.gateway -}}
+{{- $upstreams := list -}}
+{{- range $g.upstreams -}}
+{{- $upstreams = append $upstreams (dict "url" .) -}}
+{{- end -}}
+{{- if not $upstreams -}}
+{{- $upstreams = list (dict "url" (printf "https://%s:%d" (include "spinlink.sidecar.host" .) (int .Values.sidecar.tunnelPort))) -}}
+{{- end -}}
+{{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
+{{- $upstreamTls := dict "caFile" "/etc/spinlink/tls/ca.crt" "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" -}}
+{{- if not $g.upstreams -}}
+{{- $_ := set $upstreamTls "serverName" (include "spinlink.sidecar.host" .) -}}
+{{- end -}}
+{{- $config := dict "gatewayId" (default (printf "%s-gateway" (include "spinlink.fullname" .)) $g.gatewayId) "listen" (printf "0.0.0.0:%d" (int $g.port)) "tls" $tls "policy" $g.policy "upstreams" $upstreams "upstreamTls" $upstreamTls -}}
+{{- if $g.admin.enabled -}}
+{{- $_ := set $config "admin" (dict "listen" (printf "0.0.0.0:%d" (int $g.admin.port))) -}}
+{{- end -}}
+{{- $listener := dict "maxConnectionAgeSeconds" (int $g.maxConnectionAgeSeconds) -}}
+{{- if $g.proxyProtocol.enabled -}}
+{{- $_ := set $listener "proxyProtocol" true -}}
+{{- $_ := set $listener "proxyProtocolRequired" $g.proxyProtocol.required -}}
+{{- $_ := set $listener "trustedProxies" $g.proxyProtocol.trustedProxies -}}
+{{- end -}}
+{{- $_ := set $config "listener" $listener -}}
+{{- $config = mustMergeOverwrite $config (deepCopy $g.config) -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/*
+The sidecar's database URL. PostgreSQL's password is never in it: the
+sidecar container gets PGPASSWORD from passwordSecret.
+*/}}
+{{- define "spinlink.sidecar.storeUrl" -}}
+{{- $pg := .Values.sidecar.store.postgresql -}}
+{{- if $pg.enabled -}}
+{{- printf "postgres://%s@%s:%d/%s?sslmode=%s" $pg.user (required "sidecar.store.postgresql.host is required with postgresql.enabled" $pg.host) (int $pg.port) $pg.database $pg.sslMode -}}
+{{- else -}}
+{{- .Values.sidecar.store.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The sidecar configuration file (sidecar/src/config.rs). The facade listens on
+loopback: only Clouddriver, in the same pod, talks to it.
+*/}}
+{{- define "spinlink.sidecar.config" -}}
+{{- $s := .Values.sidecar -}}
+{{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
+{{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
+{{- $config = mustMergeOverwrite $config (deepCopy $s.config) -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/*
+The sidecar container and its volumes, as a strategic-merge patch of the
+Clouddriver Deployment: (dict "ctx" $ "name" DEPLOYMENT). Kept in step with
+deploy/kustomize/spinnaker-service/clouddriver-sidecar-patch.yaml.
+*/}}
+{{- define "spinlink.sidecar.patch" -}}
+{{- $ := .ctx -}}
+{{- $s := $.Values.sidecar -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .name }}
+spec:
+  template:
+    metadata:
+      labels:
+        spinlink.dev/sidecar: "true"
+    spec:
+      containers:
+        - name: spinlink-sidecar
+          image: {{ include "spinlink.image" $ }}
+          imagePullPolicy: {{ $.Values.image.pullPolicy }}
+          args: [sidecar, --config, /etc/spinlink/sidecar/sidecar.yaml]
+          env:
+            - name: SPINLINK_LOG
+              value: {{ $.Values.logLevel | quote }}
+            {{- with $s.store.postgresql }}
+            {{- if .enabled }}
+            - name: PGPASSWORD
+              valueFrom:
+                secretKeyRef:
+                  name: {{ required "sidecar.store.postgresql.passwordSecret.name is required with postgresql.enabled" .passwordSecret.name }}
+                  key: {{ .passwordSecret.key }}
+            {{- end }}
+            {{- end }}
+          ports:
+            - name: spinlink-tunnel
+              containerPort: {{ $s.tunnelPort }}
+              protocol: TCP
+          readinessProbe:
+            tcpSocket:
+              port: spinlink-tunnel
+            periodSeconds: 10
+          livenessProbe:
+            tcpSocket:
+              port: spinlink-tunnel
+            periodSeconds: 20
+            failureThreshold: 6
+          securityContext:
+            {{- include "spinlink.securityContext" $ | nindent 12 }}
+          {{- with $s.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - name: spinlink-sidecar-config
+              mountPath: /etc/spinlink/sidecar
+              readOnly: true
+            - name: spinlink-sidecar-tls
+              mountPath: /etc/spinlink/tls
+              readOnly: true
+            - name: spinlink-sidecar-data
+              mountPath: /var/lib/spinlink
+      volumes:
+        - name: spinlink-sidecar-config
+          secret:
+            secretName: {{ include "spinlink.sidecar.configSecretName" $ }}
+        - name: spinlink-sidecar-tls
+          secret:
+            secretName: {{ include "spinlink.sidecar.tlsSecretName" $ }}
+            defaultMode: 288 # 0440
+        - name: spinlink-sidecar-data
+          emptyDir: {}
+{{- end -}}
