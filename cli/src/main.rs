@@ -45,12 +45,18 @@ enum Command {
         /// Gateway configuration file (YAML).
         #[arg(long, short)]
         config: PathBuf,
+        /// Load and validate the configuration, then exit.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Run the sidecar: cache clusters and serve them to Clouddriver and kubectl.
     Sidecar {
         /// Sidecar configuration file (YAML).
         #[arg(long, short)]
         config: PathBuf,
+        /// Load and validate the configuration, then exit.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Run the simulated Kubernetes API server.
     KubeSim(KubeSimArgs),
@@ -110,16 +116,30 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let agent = spinlink_agent::Agent::new(cfg)?;
             drain(agent.run(shutdown.clone()), &shutdown).await
         }
-        Command::Gateway { config } => {
+        Command::Gateway {
+            config,
+            check_config,
+        } => {
             let cfg = spinlink_gateway::Config::from_file(&config)?;
             cfg.validate()?;
+            if check_config {
+                println!("ok: {}", config.display());
+                return Ok(());
+            }
             let gateway = spinlink_gateway::Gateway::bind(cfg).await?;
             announce("gateway", gateway.local_addr());
             drain(gateway.run(shutdown.clone()), &shutdown).await
         }
-        Command::Sidecar { config } => {
+        Command::Sidecar {
+            config,
+            check_config,
+        } => {
             let cfg = spinlink_sidecar::Config::from_file(&config)?;
             cfg.validate()?;
+            if check_config {
+                println!("ok: {}", config.display());
+                return Ok(());
+            }
             let sidecar = spinlink_sidecar::Sidecar::bind(cfg).await?;
             announce("sidecar-tunnel", sidecar.tunnel_addr());
             announce("sidecar-facade", sidecar.facade_addr());
