@@ -1014,18 +1014,9 @@ fn gateway_and_sidecar_configs_from_the_chart_load() {
             "the facade {facade} must be on loopback and off Clouddriver's port"
         );
         let local = relocate(&sidecar, container(&patch, "spinlink-sidecar"), tmp.path());
-        match load_component_config("sidecar", &local, tmp.path()) {
-            Ok(()) => {}
-            // PostgreSQL is rendered ahead of the sidecar supporting it; the
-            // only refusal allowed is that one, and it goes away on its own.
-            Err(e) if local.contains("postgres://") && e.contains("only sqlite") => {
-                eprintln!(
-                    "{}: sidecar does not take PostgreSQL yet: {e}",
-                    values.display()
-                );
-            }
-            Err(e) => panic!("{}: sidecar config refused: {e}\n{local}", values.display()),
-        }
+        load_component_config("sidecar", &local, tmp.path()).unwrap_or_else(|e| {
+            panic!("{}: sidecar config refused: {e}\n{local}", values.display())
+        });
     }
 }
 

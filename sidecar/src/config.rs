@@ -397,10 +397,10 @@ impl Config {
                 }
             }
         }
-        if !self.store.url.starts_with("sqlite:") {
+        if !crate::store::supported(&self.store.url) {
             return Err(invalid(
                 "store.url",
-                "only sqlite: URLs are supported in this version",
+                "must be a sqlite: or postgres:// URL",
             ));
         }
         Ok(())

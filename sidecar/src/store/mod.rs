@@ -1,32 +1,41 @@
-//! The sidecar's database (sqlx, SQLite for now): which accounts it has
-//! served, by which agent identity, and whether they are online. Later:
-//! ownership leases, the operation journal and last resourceVersions, and
-//! PostgreSQL when several sidecars share one store.
+//! The sidecar's database: SQLite embedded by default, PostgreSQL when several
+//! sidecars share one store (`store.url` picks: `sqlite:…` or `postgres://…`).
+//! It records which accounts have been served and by which agent, which
+//! sidecar instance owns each account ([`Lease`]: owner, epoch, expiry), the
+//! journal of relayed operations, and the last resourceVersion held per
+//! account and kind, from which a new owner resumes the agent's watches.
+//!
+//! Both engines run the same SQL (`$n` parameters, `ON CONFLICT` upserts,
+//! `RETURNING`), with their own migrations under `migrations/{sqlite,postgres}`.
+//! Start with [`Store::open`].
 
 use std::str::FromStr;
 
 use sqlx::Row;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
-/// Connections kept to a file database.
+/// Connections kept to a file or server database.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+/// How long opening a server database keeps retrying a refused connection
+/// (a database restarting beside the sidecar).
+pub const DEFAULT_CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The URL is not a usable SQLite URL.
-    #[error("store url {url:?}: {source}")]
+    /// The URL is not a usable database URL.
+    #[error("store url {url}: {message}")]
     InvalidUrl {
-        /// The URL.
+        /// The URL, with any password removed.
         url: String,
-        /// sqlx's error.
-        #[source]
-        source: sqlx::Error,
+        /// What is wrong with it.
+        message: String,
     },
     /// The database could not be opened.
-    #[error("opening {url:?}: {source}")]
+    #[error("opening {url}: {source}")]
     Open {
-        /// The URL.
+        /// The URL, with any password removed.
         url: String,
         /// sqlx's error.
         #[source]
@@ -76,23 +85,132 @@ pub struct AccountRow {
     pub last_seen: i64,
 }
 
+/// Who owns an account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The owning sidecar instance.
+    pub owner: String,
+    /// Grows with every change of owner.
+    pub epoch: i64,
+    /// Unix milliseconds after which another instance may take it.
+    pub expires_at: i64,
+}
+
+/// The result of [`Store::acquire_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The caller owns the account until the lease expires.
+    Owned(Lease),
+    /// Another instance holds an unexpired lease.
+    HeldBy(Lease),
+}
+
+/// One journaled relayed operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// The account.
+    pub account: String,
+    /// The sidecar instance that relayed it.
+    pub instance: String,
+    /// The request id on the relay stream.
+    pub request_id: i64,
+    /// HTTP method.
+    pub method: String,
+    /// Kubernetes path.
+    pub path: String,
+    /// HTTP status answered.
+    pub status: i64,
+    /// How it ended (`answered`, `failed`, …).
+    pub outcome: String,
+    /// Unix milliseconds when received.
+    pub received_at: i64,
+    /// Unix milliseconds when answered.
+    pub answered_at: i64,
+}
+
+/// A kind as the store keys resourceVersions.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KindVersion {
+    /// API group, empty for the core group.
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// The last resourceVersion held.
+    pub resource_version: String,
+}
+
+#[derive(Debug, Clone)]
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to whichever pool the store has: the SQL
+/// is the same for both engines, the types are not.
+macro_rules! with_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.pool {
+            Pool::Sqlite($pool) => $body,
+            Pool::Postgres($pool) => $body,
+        }
+    };
+}
+
 /// The database handle; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
 }
 
 fn now_millis() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// `url` without its password, for errors and logs.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("****"));
+            u.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "<unparsable url>".to_owned(),
+    }
+}
+
+/// Whether `url` names an engine the store supports.
+pub fn supported(url: &str) -> bool {
+    url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
 impl Store {
-    /// Opens (creating if missing) and migrates the database at `url`.
+    /// Opens (creating a SQLite file if missing) and migrates the database
+    /// at `url`.
     pub async fn open(url: &str) -> Result<Self> {
+        Self::open_within(url, DEFAULT_CONNECT_WAIT).await
+    }
+
+    /// [`Store::open`], retrying a server database for at most `wait`.
+    pub async fn open_within(url: &str, wait: std::time::Duration) -> Result<Self> {
+        if url.starts_with("sqlite:") {
+            Self::open_sqlite(url).await
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Self::open_postgres(url, wait).await
+        } else {
+            Err(Error::InvalidUrl {
+                url: redact(url),
+                message: "must start with sqlite: or postgres://".into(),
+            })
+        }
+    }
+
+    async fn open_sqlite(url: &str) -> Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|source| Error::InvalidUrl {
-                url: url.to_owned(),
-                source,
+            .map_err(|e| Error::InvalidUrl {
+                url: redact(url),
+                message: e.to_string(),
             })?
             .create_if_missing(true);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
@@ -111,11 +229,37 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(|source| Error::Open {
-                url: url.to_owned(),
+                url: redact(url),
                 source,
             })?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        Ok(Self {
+            pool: Pool::Sqlite(pool),
+        })
+    }
+
+    async fn open_postgres(url: &str, wait: std::time::Duration) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(DEFAULT_MAX_CONNECTIONS)
+            .acquire_timeout(wait)
+            .connect(url)
+            .await
+            .map_err(|source| Error::Open {
+                url: redact(url),
+                source,
+            })?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Self {
+            pool: Pool::Postgres(pool),
+        })
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        match self.pool {
+            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => "postgres",
+        }
     }
 
     /// Records that `name` is served by `identity` in `state`.
@@ -126,99 +270,212 @@ impl Store {
         state: AccountState,
     ) -> Result<()> {
         let now = now_millis();
-        sqlx::query(
-            "INSERT INTO accounts (name, agent_identity, state, first_seen, last_seen)
-             VALUES (?1, ?2, ?3, ?4, ?4)
+        let sql = "INSERT INTO accounts (name, agent_identity, state, first_seen, last_seen)
+             VALUES ($1, $2, $3, $4, $4)
              ON CONFLICT(name) DO UPDATE SET
                agent_identity = excluded.agent_identity,
                state = excluded.state,
-               last_seen = excluded.last_seen",
-        )
-        .bind(name)
-        .bind(identity)
-        .bind(state.as_str())
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
+               last_seen = excluded.last_seen";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(name).bind(identity).bind(state.as_str()).bind(now)
+                .execute(pool).await?;
+        });
         Ok(())
     }
 
     /// Records a state change of a known account.
     pub async fn set_account_state(&self, name: &str, state: AccountState) -> Result<()> {
-        sqlx::query("UPDATE accounts SET state = ?1, last_seen = ?2 WHERE name = ?3")
-            .bind(state.as_str())
-            .bind(now_millis())
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
+        let sql = "UPDATE accounts SET state = $1, last_seen = $2 WHERE name = $3";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(state.as_str()).bind(now_millis()).bind(name)
+                .execute(pool).await?;
+        });
         Ok(())
     }
 
     /// Every recorded account, by name.
     pub async fn accounts(&self) -> Result<Vec<AccountRow>> {
-        let rows = sqlx::query(
-            "SELECT name, agent_identity, state, first_seen, last_seen FROM accounts ORDER BY name",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(AccountRow {
-                    name: r.try_get("name")?,
-                    agent_identity: r.try_get("agent_identity")?,
-                    state: r.try_get("state")?,
-                    first_seen: r.try_get("first_seen")?,
-                    last_seen: r.try_get("last_seen")?,
+        let sql =
+            "SELECT name, agent_identity, state, first_seen, last_seen FROM accounts ORDER BY name";
+        with_pool!(self, pool => {
+            let rows = sqlx::query(sql).fetch_all(pool).await?;
+            rows.into_iter()
+                .map(|r| {
+                    Ok(AccountRow {
+                        name: r.try_get("name")?,
+                        agent_identity: r.try_get("agent_identity")?,
+                        state: r.try_get("state")?,
+                        first_seen: r.try_get("first_seen")?,
+                        last_seen: r.try_get("last_seen")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
+    }
+
+    /// Takes or renews the lease on `account` for `owner` until `ttl` from
+    /// now. A free or expired lease is taken with the next epoch; the
+    /// owner's own lease is renewed with the same epoch; anyone else's
+    /// unexpired lease is left alone and returned as [`Acquired::HeldBy`].
+    /// One statement, so two instances racing cannot both win.
+    pub async fn acquire_lease(
+        &self,
+        account: &str,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Acquired> {
+        let now = now_millis();
+        let expires = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        let sql = "INSERT INTO leases (account, owner, epoch, expires_at) VALUES ($1, $2, 1, $3)
+             ON CONFLICT(account) DO UPDATE SET
+               epoch = CASE WHEN leases.owner = excluded.owner
+                            THEN leases.epoch ELSE leases.epoch + 1 END,
+               owner = excluded.owner,
+               expires_at = excluded.expires_at
+             WHERE leases.owner = excluded.owner OR leases.expires_at <= $4
+             RETURNING owner, epoch, expires_at";
+        let won = with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).bind(owner).bind(expires).bind(now)
+                .fetch_optional(pool).await?
+                .map(|r| lease_of(r.try_get("owner"), r.try_get("epoch"), r.try_get("expires_at")))
+                .transpose()?
+        });
+        match won {
+            Some(lease) => Ok(Acquired::Owned(lease)),
+            None => match self.lease(account).await? {
+                Some(lease) => Ok(Acquired::HeldBy(lease)),
+                // Released between the two statements: try once more.
+                None => Box::pin(self.acquire_lease(account, owner, ttl)).await,
+            },
+        }
+    }
+
+    /// The current lease on `account`, expired or not.
+    pub async fn lease(&self, account: &str) -> Result<Option<Lease>> {
+        let sql = "SELECT owner, epoch, expires_at FROM leases WHERE account = $1";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).fetch_optional(pool).await?
+                .map(|r| lease_of(r.try_get("owner"), r.try_get("epoch"), r.try_get("expires_at")))
+                .transpose()
+        })
+    }
+
+    /// Gives up `owner`'s lease of `epoch` on `account` (a drain), so
+    /// another instance need not wait for it to expire. Returns whether it
+    /// was held.
+    pub async fn release_lease(&self, account: &str, owner: &str, epoch: i64) -> Result<bool> {
+        let sql = "UPDATE leases SET expires_at = 0 WHERE account = $1 AND owner = $2 AND epoch = $3";
+        let n = with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).bind(owner).bind(epoch)
+                .execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Appends one relayed operation to the journal.
+    pub async fn journal(&self, e: &JournalEntry) -> Result<()> {
+        let sql = "INSERT INTO operations
+             (account, instance, request_id, method, path, status, outcome, received_at, answered_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        with_pool!(self, pool => {
+            sqlx::query(sql)
+                .bind(&e.account).bind(&e.instance).bind(e.request_id).bind(&e.method)
+                .bind(&e.path).bind(e.status).bind(&e.outcome).bind(e.received_at)
+                .bind(e.answered_at)
+                .execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    /// The newest `limit` journaled operations of `account`, oldest first.
+    pub async fn journaled(&self, account: &str, limit: i64) -> Result<Vec<JournalEntry>> {
+        let sql = "SELECT account, instance, request_id, method, path, status, outcome,
+                    received_at, answered_at
+             FROM operations WHERE account = $1 ORDER BY id DESC LIMIT $2";
+        let mut out: Vec<JournalEntry> = with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).bind(limit).fetch_all(pool).await?
+                .into_iter()
+                .map(|r| -> Result<JournalEntry> {
+                    Ok(JournalEntry {
+                        account: r.try_get("account")?,
+                        instance: r.try_get("instance")?,
+                        request_id: r.try_get("request_id")?,
+                        method: r.try_get("method")?,
+                        path: r.try_get("path")?,
+                        status: r.try_get("status")?,
+                        outcome: r.try_get("outcome")?,
+                        received_at: r.try_get("received_at")?,
+                        answered_at: r.try_get("answered_at")?,
+                    })
+                })
+                .collect::<Result<_>>()?
+        });
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Records the resourceVersion held for one kind of `account`.
+    pub async fn set_resource_version(&self, account: &str, kind: &KindVersion) -> Result<()> {
+        let sql = "INSERT INTO resource_versions
+               (account, api_group, version, resource, resource_version, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT(account, api_group, version, resource) DO UPDATE SET
+               resource_version = excluded.resource_version,
+               updated_at = excluded.updated_at";
+        with_pool!(self, pool => {
+            sqlx::query(sql)
+                .bind(account).bind(&kind.group).bind(&kind.version).bind(&kind.resource)
+                .bind(&kind.resource_version).bind(now_millis())
+                .execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    /// Every kind's recorded resourceVersion for `account`, sorted.
+    pub async fn resource_versions(&self, account: &str) -> Result<Vec<KindVersion>> {
+        let sql = "SELECT api_group, version, resource, resource_version FROM resource_versions
+             WHERE account = $1 ORDER BY api_group, version, resource";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).fetch_all(pool).await?
+                .into_iter()
+                .map(|r| {
+                    Ok(KindVersion {
+                        group: r.try_get("api_group")?,
+                        version: r.try_get("version")?,
+                        resource: r.try_get("resource")?,
+                        resource_version: r.try_get("resource_version")?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Forgets the resourceVersions of `account` (its cache was dropped).
+    pub async fn clear_resource_versions(&self, account: &str) -> Result<()> {
+        let sql = "DELETE FROM resource_versions WHERE account = $1";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).execute(pool).await?;
+        });
+        Ok(())
     }
 
     /// Closes the pool.
     pub async fn close(&self) {
-        self.pool.close().await;
+        with_pool!(self, pool => pool.close().await);
     }
+}
+
+fn lease_of(
+    owner: Result<String, sqlx::Error>,
+    epoch: Result<i64, sqlx::Error>,
+    expires_at: Result<i64, sqlx::Error>,
+) -> Result<Lease> {
+    Ok(Lease {
+        owner: owner?,
+        epoch: epoch?,
+        expires_at: expires_at?,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn upsert_then_state_change_in_memory() {
-        let store = Store::open("sqlite::memory:").await.unwrap();
-        store
-            .upsert_account("a", "spiffe://x/agent/1", AccountState::Online)
-            .await
-            .unwrap();
-        store
-            .set_account_state("a", AccountState::Offline)
-            .await
-            .unwrap();
-        let rows = store.accounts().await.unwrap();
-        assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].state, "offline");
-        assert_eq!(rows[0].agent_identity, "spiffe://x/agent/1");
-        assert!(rows[0].last_seen >= rows[0].first_seen);
-    }
-
-    #[tokio::test]
-    async fn file_database_is_created_and_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        let store = Store::open(&url).await.unwrap();
-        store
-            .upsert_account("b", "id1", AccountState::Online)
-            .await
-            .unwrap();
-        store
-            .upsert_account("b", "id2", AccountState::Online)
-            .await
-            .unwrap();
-        store.close().await;
-        let again = Store::open(&url).await.unwrap();
-        let rows = again.accounts().await.unwrap();
-        assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].agent_identity, "id2");
-    }
-}
+mod tests;

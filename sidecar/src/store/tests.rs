@@ -1,0 +1,222 @@
+//! Every store test runs on SQLite and, when `SPINLINK_TEST_POSTGRES_URL`
+//! is set (`.ci/run` sets it to the machine's server), on PostgreSQL too,
+//! each PostgreSQL run in a schema of its own.
+
+use std::time::Duration;
+
+use super::*;
+
+/// The engines to test, with what to drop afterwards.
+struct Engines {
+    stores: Vec<Store>,
+    postgres: Option<(String, String)>,
+}
+
+impl Engines {
+    async fn new() -> Self {
+        let mut stores = vec![Store::open("sqlite::memory:").await.unwrap()];
+        let mut postgres = None;
+        if let Ok(url) = std::env::var("SPINLINK_TEST_POSTGRES_URL") {
+            let schema = format!("spinlink_test_{:016x}", rand::random::<u64>());
+            let admin = PgPool::connect(&url).await.unwrap_or_else(|e| {
+                panic!("SPINLINK_TEST_POSTGRES_URL is set but unusable ({}): {e}", redact(&url))
+            });
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await
+                .unwrap();
+            admin.close().await;
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let scoped = format!("{url}{sep}options=-c%20search_path%3D{schema}");
+            let store = Store::open(&scoped).await.unwrap();
+            assert_eq!(store.engine(), "postgres");
+            stores.push(store);
+            postgres = Some((url, schema));
+        }
+        Self { stores, postgres }
+    }
+
+    async fn done(self) {
+        for s in &self.stores {
+            s.close().await;
+        }
+        if let Some((url, schema)) = self.postgres {
+            let admin = PgPool::connect(&url).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&admin)
+                .await
+                .unwrap();
+            admin.close().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn upsert_then_state_change() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        store
+            .upsert_account("a", "spiffe://x/agent/1", AccountState::Online)
+            .await
+            .unwrap();
+        store.set_account_state("a", AccountState::Offline).await.unwrap();
+        store.upsert_account("b", "id2", AccountState::Online).await.unwrap();
+        let rows = store.accounts().await.unwrap();
+        assert_eq!(rows.len(), 2, "{e}");
+        assert_eq!(rows[0].state, "offline", "{e}");
+        assert_eq!(rows[0].agent_identity, "spiffe://x/agent/1", "{e}");
+        assert!(rows[0].last_seen >= rows[0].first_seen, "{e}");
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
+async fn leases_are_exclusive_renewable_and_taken_over_after_expiry() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        let long = Duration::from_secs(60);
+        let Acquired::Owned(first) = store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        else {
+            panic!("{e}: a free lease is taken");
+        };
+        assert_eq!((first.owner.as_str(), first.epoch), ("sidecar-1", 1), "{e}");
+        // Another instance is refused and told who holds it.
+        assert_eq!(
+            store.acquire_lease("prod", "sidecar-2", long).await.unwrap(),
+            Acquired::HeldBy(first.clone()),
+            "{e}"
+        );
+        // The owner renews with the same epoch.
+        let Acquired::Owned(renewed) =
+            store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        else {
+            panic!("{e}: the owner renews");
+        };
+        assert_eq!(renewed.epoch, 1, "{e}");
+        assert!(renewed.expires_at >= first.expires_at, "{e}");
+        // Expired (a zero TTL expires at once): another instance takes it, next epoch.
+        store
+            .acquire_lease("prod", "sidecar-1", Duration::ZERO)
+            .await
+            .unwrap();
+        let Acquired::Owned(taken) = store.acquire_lease("prod", "sidecar-2", long).await.unwrap()
+        else {
+            panic!("{e}: an expired lease is taken over");
+        };
+        assert_eq!((taken.owner.as_str(), taken.epoch), ("sidecar-2", 2), "{e}");
+        // A stale owner cannot release the new owner's lease; the owner can.
+        assert!(!store.release_lease("prod", "sidecar-1", 1).await.unwrap(), "{e}");
+        assert!(store.release_lease("prod", "sidecar-2", 2).await.unwrap(), "{e}");
+        let Acquired::Owned(back) = store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        else {
+            panic!("{e}: a released lease is free");
+        };
+        assert_eq!(back.epoch, 3, "{e}");
+        assert_eq!(store.lease("other").await.unwrap(), None, "{e}");
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
+async fn racing_instances_never_both_own_a_lease() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                store
+                    .acquire_lease("race", &format!("sidecar-{i}"), Duration::from_secs(60))
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut owners = Vec::new();
+        for t in tasks {
+            if let Acquired::Owned(l) = t.await.unwrap() {
+                owners.push(l.owner);
+            }
+        }
+        assert_eq!(owners.len(), 1, "{}: {owners:?}", store.engine());
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
+async fn journal_and_resource_versions() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        for id in 1..=5 {
+            store
+                .journal(&JournalEntry {
+                    account: "prod".into(),
+                    instance: "sidecar-1".into(),
+                    request_id: id,
+                    method: "PATCH".into(),
+                    path: "/apis/apps/v1/namespaces/a/deployments/web".into(),
+                    status: 200,
+                    outcome: "answered".into(),
+                    received_at: 1000 + id,
+                    answered_at: 2000 + id,
+                })
+                .await
+                .unwrap();
+        }
+        let last = store.journaled("prod", 2).await.unwrap();
+        assert_eq!(
+            last.iter().map(|j| j.request_id).collect::<Vec<_>>(),
+            [4, 5],
+            "{e}"
+        );
+        assert!(store.journaled("other", 10).await.unwrap().is_empty(), "{e}");
+
+        let kv = |resource: &str, rv: &str| KindVersion {
+            group: if resource == "deployments" { "apps".into() } else { String::new() },
+            version: "v1".into(),
+            resource: resource.into(),
+            resource_version: rv.into(),
+        };
+        store.set_resource_version("prod", &kv("pods", "10")).await.unwrap();
+        store.set_resource_version("prod", &kv("deployments", "7")).await.unwrap();
+        store.set_resource_version("prod", &kv("pods", "12")).await.unwrap();
+        store.set_resource_version("dev", &kv("pods", "1")).await.unwrap();
+        assert_eq!(
+            store.resource_versions("prod").await.unwrap(),
+            [kv("pods", "12"), kv("deployments", "7")],
+            "{e}"
+        );
+        store.clear_resource_versions("prod").await.unwrap();
+        assert!(store.resource_versions("prod").await.unwrap().is_empty(), "{e}");
+        assert_eq!(store.resource_versions("dev").await.unwrap().len(), 1, "{e}");
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
+async fn file_database_is_created_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let store = Store::open(&url).await.unwrap();
+    store.upsert_account("b", "id1", AccountState::Online).await.unwrap();
+    store.upsert_account("b", "id2", AccountState::Online).await.unwrap();
+    store.close().await;
+    let again = Store::open(&url).await.unwrap();
+    let rows = again.accounts().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].agent_identity, "id2");
+}
+
+#[tokio::test]
+async fn bad_urls_are_refused_without_their_password() {
+    let err = Store::open("mysql://u:hunter2@h/db").await.unwrap_err().to_string();
+    assert!(err.contains("sqlite: or postgres://"), "{err}");
+    let err = Store::open_within("postgres://u:hunter2@127.0.0.1:1/db", Duration::from_millis(300))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(err.contains("****"), "{err}");
+}
