@@ -73,7 +73,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Config {
-    /// Names this sidecar instance (logs, and later ownership leases).
+    /// Names this sidecar instance (logs, ownership leases, forwarding).
     pub instance_id: String,
     /// The listener the gateways carry agent streams to.
     pub tunnel: TunnelConfig,
@@ -85,6 +85,8 @@ pub struct Config {
     pub accounts: AccountsConfig,
     /// Registering accounts with Clouddriver (absent: not registered).
     pub clouddriver: Option<ClouddriverConfig>,
+    /// Account ownership when several sidecars share the store.
+    pub ownership: OwnershipConfig,
     /// Where this configuration came from (a file name), for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -99,6 +101,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             accounts: AccountsConfig::default(),
             clouddriver: None,
+            ownership: OwnershipConfig::default(),
             origin: "<default>".to_owned(),
         }
     }
@@ -147,6 +150,10 @@ pub struct FacadeConfig {
     pub listen: SocketAddr,
     /// Seconds a relayed request waits for the agent's response head.
     pub relay_timeout_seconds: u64,
+    /// The URL other sidecars reach this facade at (requests for accounts
+    /// this instance owns are forwarded there); defaults to
+    /// `http://<listen>` with an unspecified address read as loopback.
+    pub advertise_url: Option<String>,
 }
 
 impl Default for FacadeConfig {
@@ -154,6 +161,24 @@ impl Default for FacadeConfig {
         Self {
             listen: parse_addr(DEFAULT_FACADE_LISTEN),
             relay_timeout_seconds: DEFAULT_RELAY_TIMEOUT_SECS,
+            advertise_url: None,
+        }
+    }
+}
+
+/// Account ownership across sidecars sharing one store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct OwnershipConfig {
+    /// Seconds an account's lease lasts unless renewed (renewed every third
+    /// of it); also how long a dead sidecar's accounts wait for a new owner.
+    pub lease_seconds: u64,
+}
+
+impl Default for OwnershipConfig {
+    fn default() -> Self {
+        Self {
+            lease_seconds: crate::ownership::DEFAULT_LEASE.as_secs(),
         }
     }
 }
@@ -348,6 +373,15 @@ impl Config {
         }
         if self.facade.relay_timeout_seconds == 0 {
             return Err(invalid("facade.relayTimeoutSeconds", "must be at least 1"));
+        }
+        if self.ownership.lease_seconds == 0 {
+            return Err(invalid("ownership.leaseSeconds", "must be at least 1"));
+        }
+        if let Some(u) = &self.facade.advertise_url {
+            match url::Url::parse(u) {
+                Ok(p) if p.scheme() == "http" && p.host().is_some() => {}
+                _ => return Err(invalid("facade.advertiseUrl", "must be an http:// URL")),
+            }
         }
         if self.accounts.grace_period_seconds == 0 {
             return Err(invalid("accounts.gracePeriodSeconds", "must be at least 1"));

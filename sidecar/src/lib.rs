@@ -16,6 +16,7 @@ pub mod clouddriver;
 pub mod config;
 pub mod facade;
 pub mod metrics;
+pub mod ownership;
 pub mod store;
 pub mod tunnel;
 
@@ -163,8 +164,22 @@ impl Sidecar {
             facade = %self.facade_addr,
             "sidecar running"
         );
+        let advertise = self
+            .config
+            .facade
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| facade_url(self.facade_addr));
+        let ownership = ownership::Ownership::new(
+            self.store.clone(),
+            &self.config.instance_id,
+            &advertise,
+            Duration::from_secs(self.config.ownership.lease_seconds),
+        );
+        let owning = tokio::spawn(ownership.clone().run(self.accounts.clone(), shutdown.clone()));
         let service =
-            tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), shutdown.clone());
+            tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), shutdown.clone())
+                .with_ownership(ownership.clone());
         let tunnel = tokio::spawn(tunnel::serve(
             self.tunnel,
             self.security,
@@ -187,7 +202,8 @@ impl Sidecar {
             self.accounts.clone(),
             Duration::from_secs(self.config.facade.relay_timeout_seconds),
         )
-        .with_metrics(metrics);
+        .with_metrics(metrics)
+        .with_ownership(ownership);
         let facade = tokio::spawn(facade::serve(self.facade, facade_impl, shutdown.clone()));
         let stop = shutdown.clone();
         // A server failing alone takes the sidecar down with it.
@@ -211,7 +227,10 @@ impl Sidecar {
         };
         let facade_result = facade.await;
         let lifecycle_result = lifecycle.await;
+        // Leases are released before the store closes.
+        let owning_result = owning.await;
         self.store.close().await;
+        owning_result.map_err(|e| Error::Task("ownership", e))?;
         lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;
         if let Some(r) = tunnel_result {

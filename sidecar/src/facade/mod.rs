@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{self, Account, Accounts, Presence};
 use crate::metrics::{self, Metrics, Source};
+use crate::ownership::{self, Ownership};
 use body::Body;
 use route::{Query, ResourcePath};
 use spinlink_kube_api::Status;
@@ -42,6 +43,7 @@ pub struct Facade {
     accounts: Accounts,
     relay_timeout: Duration,
     metrics: Metrics,
+    ownership: Option<Arc<Ownership>>,
 }
 
 impl Facade {
@@ -52,7 +54,16 @@ impl Facade {
             accounts,
             relay_timeout,
             metrics: Metrics::default(),
+            ownership: None,
         }
+    }
+
+    /// Forwards requests for accounts other sidecars own (see
+    /// [`crate::ownership`]).
+    #[must_use]
+    pub fn with_ownership(mut self, ownership: Arc<Ownership>) -> Self {
+        self.ownership = Some(ownership);
+        self
     }
 
     /// Counts requests in `metrics` (and serves them at `/metrics`).
@@ -80,11 +91,31 @@ impl Facade {
                 "the server could not find the requested resource ({path}); use /accounts/<name>/..."
             )));
         };
-        let Some(account) = self
+        let local = self
             .accounts
             .get(&name)
-            .filter(|a| a.presence() != Presence::Removed)
-        else {
+            .filter(|a| a.presence() != Presence::Removed);
+        let forwarded = req.headers().contains_key(ownership::FORWARDED_HEADER);
+        // Not served here right now: another sidecar may own it (one hop only).
+        if local.as_ref().is_none_or(|a| a.presence() != Presence::Online)
+            && let Some(own) = &self.ownership
+            && let Some(owner) = own.owner(&name).await
+        {
+            if forwarded {
+                return ownership::retryable(format!(
+                    "account \"{name}\" is owned by sidecar {}, not this one; retry",
+                    owner.instance
+                ));
+            }
+            self.metrics.request(&name, "forward", Source::Relay);
+            return own.forward(&owner, req).await;
+        }
+        let Some(account) = local else {
+            if forwarded {
+                return ownership::retryable(format!(
+                    "account \"{name}\" is not served by this sidecar (its owner moved); retry"
+                ));
+            }
             return body::status(&Status::not_found_message(format!(
                 "account \"{name}\" not found"
             )));

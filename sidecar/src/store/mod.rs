@@ -459,6 +459,29 @@ impl Store {
         Ok(())
     }
 
+    /// Records that sidecar `id` runs with its facade at `facade_url`.
+    pub async fn register_instance(&self, id: &str, facade_url: &str) -> Result<()> {
+        let sql = "INSERT INTO instances (id, facade_url, last_seen) VALUES ($1, $2, $3)
+             ON CONFLICT(id) DO UPDATE SET
+               facade_url = excluded.facade_url, last_seen = excluded.last_seen";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(id).bind(facade_url).bind(now_millis())
+                .execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    /// Where sidecar `id`'s facade answers, if it registered.
+    pub async fn instance_url(&self, id: &str) -> Result<Option<String>> {
+        let sql = "SELECT facade_url FROM instances WHERE id = $1";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(id).fetch_optional(pool).await?
+                .map(|r| r.try_get("facade_url"))
+                .transpose()
+                .map_err(Error::from)
+        })
+    }
+
     /// Closes the pool.
     pub async fn close(&self) {
         with_pool!(self, pool => pool.close().await);

@@ -220,3 +220,20 @@ async fn bad_urls_are_refused_without_their_password() {
     assert!(!err.contains("hunter2"), "{err}");
     assert!(err.contains("****"), "{err}");
 }
+
+#[tokio::test]
+async fn instances_are_registered_and_found() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        assert_eq!(store.instance_url("s1").await.unwrap(), None, "{e}");
+        store.register_instance("s1", "http://10.0.0.1:7009").await.unwrap();
+        store.register_instance("s1", "http://10.0.0.2:7009").await.unwrap();
+        assert_eq!(
+            store.instance_url("s1").await.unwrap().as_deref(),
+            Some("http://10.0.0.2:7009"),
+            "{e}"
+        );
+    }
+    engines.done().await;
+}

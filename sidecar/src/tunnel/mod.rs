@@ -12,6 +12,7 @@ pub mod cache;
 mod io;
 pub mod relay;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use spinlink_proto::headers;
@@ -26,6 +27,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::accounts::Accounts;
+use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
 pub use io::{ConnectInfo, TunnelIo};
 use relay::RelayHandle;
@@ -43,6 +45,7 @@ pub struct TunnelService {
     accounts: Accounts,
     store: Store,
     shutdown: CancellationToken,
+    ownership: Option<Arc<Ownership>>,
 }
 
 impl TunnelService {
@@ -52,7 +55,15 @@ impl TunnelService {
             accounts,
             store,
             shutdown,
+            ownership: None,
         }
+    }
+
+    /// Claims an account's lease before taking its cache stream.
+    #[must_use]
+    pub fn with_ownership(mut self, ownership: Arc<Ownership>) -> Self {
+        self.ownership = Some(ownership);
+        self
     }
 }
 
@@ -121,6 +132,23 @@ impl Tunnel for TunnelService {
         match &open.msg {
             Some(cache_up::Msg::Open(o)) => check_open(&o.account, &name)?,
             _ => return Err(Status::invalid_argument("the first message must be open")),
+        }
+        if let Some(ownership) = &self.ownership {
+            match ownership.claim(&name).await {
+                Ok(()) => {}
+                // The agent retries with backoff; the holder's lease ends
+                // within one lease period unless its agent is still there.
+                Err(e @ ClaimError::HeldBy { .. }) => {
+                    tracing::info!(account = %name, agent = %identity, reason = %e, "cache stream refused");
+                    return Err(Status::unavailable(e.to_string()));
+                }
+                // Without the store ownership cannot be checked; serving
+                // beats refusing (the gateways route each account to one
+                // sidecar anyway).
+                Err(e) => {
+                    tracing::warn!(account = %name, error = %e, "lease not claimed; serving anyway");
+                }
+            }
         }
         let account = self.accounts.get_or_create(&name);
         account.cache_opened(&identity);

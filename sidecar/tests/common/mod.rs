@@ -61,9 +61,21 @@ pub async fn start_with(extra_facade: &str) -> anyhow::Result<Running> {
 
 /// A sidecar with `extra_facade` keys in `facade:` and `extra` top-level YAML.
 pub async fn start_config(extra_facade: &str, extra: &str) -> anyhow::Result<Running> {
-    let yaml = format!(
+    start_yaml(format!(
         "instanceId: test\ntunnel: {{ listen: 127.0.0.1:0, insecure: true }}\nfacade: {{ listen: 127.0.0.1:0{extra_facade} }}\n{extra}"
-    );
+    ))
+    .await
+}
+
+/// A sidecar whose top-level YAML `extra` names its instance (`instanceId`).
+pub async fn start_named(extra: &str) -> anyhow::Result<Running> {
+    start_yaml(format!(
+        "tunnel: {{ listen: 127.0.0.1:0, insecure: true }}\nfacade: {{ listen: 127.0.0.1:0 }}\n{extra}"
+    ))
+    .await
+}
+
+async fn start_yaml(yaml: String) -> anyhow::Result<Running> {
     let config = Config::from_yaml_str(&yaml, "test.yaml")?;
     let sidecar = Sidecar::bind(config).await?;
     let shutdown = CancellationToken::new();

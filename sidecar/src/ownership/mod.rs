@@ -1,0 +1,287 @@
+//! Which sidecar owns an account when several share one store. The owner is
+//! the instance holding the account's lease in the store ([`crate::store`]):
+//! it is claimed when an agent's cache stream opens here, renewed while the
+//! account is online, left to lapse while it is stale (so the instance its
+//! agent reconnects to can take it over within one lease), and released when
+//! the account is removed or the sidecar drains. A cache stream for an account another
+//! instance holds is refused with a retryable status until that lease ends.
+//!
+//! A facade request for an account this instance does not serve is forwarded
+//! once to the owner's facade ([`forward`]), marked with
+//! [`FORWARDED_HEADER`]; a forwarded request that finds no owner here is
+//! answered with a retryable 503, never forwarded again. Start with
+//! [`Ownership`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use spinlink_kube_api::Status;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::accounts::{Accounts, Presence};
+use crate::facade::body::{self, Body, BoxError};
+use crate::store::{Acquired, Store};
+
+/// Marks a request one sidecar forwarded to another; its value names the
+/// forwarding instance.
+pub const FORWARDED_HEADER: &str = "spinlink-forwarded-by";
+/// How long a looked-up owner is remembered before asking the store again.
+pub const OWNER_CACHE: Duration = Duration::from_secs(1);
+/// The default lease duration (`ownership.leaseSeconds`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+
+/// Another sidecar instance that owns an account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Its instance id.
+    pub instance: String,
+    /// Its facade's base URL.
+    pub facade_url: String,
+}
+
+/// Why a claim failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Another instance holds the lease.
+    #[error("account {account:?} is owned by sidecar {owner:?} for up to {seconds}s more")]
+    HeldBy {
+        /// The account.
+        account: String,
+        /// The holder.
+        owner: String,
+        /// Seconds until its lease expires unless renewed.
+        seconds: i64,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}
+
+type ForwardBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// This instance's view of account ownership.
+#[derive(Debug)]
+pub struct Ownership {
+    store: Store,
+    instance: String,
+    facade_url: String,
+    lease: Duration,
+    owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
+    client: Client<HttpConnector, ForwardBody>,
+}
+
+impl Ownership {
+    /// Ownership for `instance`, whose facade answers at `facade_url`.
+    pub fn new(store: Store, instance: &str, facade_url: &str, lease: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            instance: instance.to_owned(),
+            facade_url: facade_url.trim_end_matches('/').to_owned(),
+            lease,
+            owners: Mutex::default(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    /// This instance's id.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Takes or renews the lease on `account`.
+    pub async fn claim(&self, account: &str) -> Result<(), ClaimError> {
+        match self
+            .store
+            .acquire_lease(account, &self.instance, self.lease)
+            .await?
+        {
+            Acquired::Owned(_) => {
+                self.forget(account);
+                Ok(())
+            }
+            Acquired::HeldBy(lease) => Err(ClaimError::HeldBy {
+                account: account.to_owned(),
+                owner: lease.owner,
+                seconds: (lease.expires_at - chrono::Utc::now().timestamp_millis()).max(0) / 1000,
+            }),
+        }
+    }
+
+    /// Releases this instance's lease on `account`, if it holds it.
+    pub async fn release(&self, account: &str) {
+        match self.store.lease(account).await {
+            Ok(Some(lease)) if lease.owner == self.instance => {
+                if let Err(e) = self
+                    .store
+                    .release_lease(account, &self.instance, lease.epoch)
+                    .await
+                {
+                    tracing::warn!(%account, error = %e, "releasing the lease failed");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(%account, error = %e, "reading the lease failed"),
+        }
+        self.forget(account);
+    }
+
+    fn forget(&self, account: &str) {
+        self.owners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(account);
+    }
+
+    /// The other instance that owns `account` now (an unexpired lease), if
+    /// any; remembered for [`OWNER_CACHE`].
+    pub async fn owner(&self, account: &str) -> Option<Owner> {
+        if let Some((at, owner)) = self
+            .owners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(account)
+            && at.elapsed() < OWNER_CACHE
+        {
+            return owner.clone();
+        }
+        let owner = self.look_up(account).await;
+        self.owners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(account.to_owned(), (Instant::now(), owner.clone()));
+        owner
+    }
+
+    async fn look_up(&self, account: &str) -> Option<Owner> {
+        let lease = match self.store.lease(account).await {
+            Ok(lease) => lease?,
+            Err(e) => {
+                tracing::warn!(%account, error = %e, "looking up the owner failed");
+                return None;
+            }
+        };
+        if lease.owner == self.instance || lease.expires_at <= chrono::Utc::now().timestamp_millis()
+        {
+            return None;
+        }
+        match self.store.instance_url(&lease.owner).await {
+            Ok(Some(facade_url)) => Some(Owner {
+                instance: lease.owner,
+                facade_url,
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(%account, error = %e, "looking up the owner's address failed");
+                None
+            }
+        }
+    }
+
+    /// Registers this instance and keeps the leases of its accounts until
+    /// `shutdown`, then releases them so another instance can take over at
+    /// once.
+    pub async fn run(self: Arc<Self>, accounts: Accounts, shutdown: CancellationToken) {
+        let every = (self.lease / 3).max(Duration::from_millis(100));
+        let mut registered = false;
+        loop {
+            if !registered {
+                match self
+                    .store
+                    .register_instance(&self.instance, &self.facade_url)
+                    .await
+                {
+                    Ok(()) => registered = true,
+                    Err(e) => tracing::warn!(error = %e, "registering this instance failed"),
+                }
+            }
+            for account in accounts.all() {
+                match account.presence() {
+                    Presence::Removed => self.release(account.name()).await,
+                    // A stale account's lease lapses on its own, so the
+                    // instance its agent reconnects to can take it over;
+                    // until then this one serves its cached reads.
+                    Presence::Stale => {}
+                    Presence::Online => match self.claim(account.name()).await {
+                        Ok(()) => {}
+                        Err(ClaimError::HeldBy { owner, .. }) => {
+                            // Another instance took it (our lease lapsed): let
+                            // the agent reconnect to wherever it belongs.
+                            tracing::warn!(
+                                account = account.name(), %owner,
+                                "account owned by another sidecar; ending its streams here"
+                            );
+                            account.disconnect();
+                        }
+                        Err(e) => {
+                            tracing::warn!(account = account.name(), error = %e, "renewing the lease failed");
+                        }
+                    },
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+        for account in accounts.all() {
+            self.release(account.name()).await;
+        }
+    }
+
+    /// Forwards `req` (for the account at `path`, the full facade path) to
+    /// `owner`'s facade and streams its answer back.
+    pub async fn forward<B>(&self, owner: &Owner, req: Request<B>) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display + Send,
+    {
+        let (mut parts, body) = req.into_parts();
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let Ok(uri) = format!("{}{path_and_query}", owner.facade_url).parse::<Uri>() else {
+            return body::status(&Status::unavailable(format!(
+                "sidecar {} has an unusable facade URL",
+                owner.instance
+            )));
+        };
+        parts.uri = uri;
+        parts.headers.remove(header::HOST);
+        parts.headers.remove(header::CONNECTION);
+        if let Ok(v) = HeaderValue::from_str(&self.instance) {
+            parts.headers.insert(FORWARDED_HEADER, v);
+        }
+        let body: ForwardBody = body
+            .map_err(|e| -> BoxError { e.to_string().into() })
+            .boxed_unsync();
+        match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(resp) => resp.map(|b| b.map_err(|e| -> BoxError { Box::new(e) }).boxed()),
+            Err(e) => {
+                tracing::warn!(owner = %owner.instance, error = %e, "forwarding to the owner failed");
+                retryable(format!(
+                    "the sidecar that owns this account ({}) did not answer; retry",
+                    owner.instance
+                ))
+            }
+        }
+    }
+}
+
+/// A 503 Status with `Retry-After: 1`: kubectl and client-go retry it.
+pub fn retryable(message: String) -> Response<Body> {
+    let mut resp = body::status(&Status::unavailable(message));
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
