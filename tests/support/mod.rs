@@ -3,6 +3,8 @@
 //! recorder that keeps every byte it relays, and bounded waits.
 #![allow(dead_code)]
 
+pub mod balancer;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -100,6 +102,12 @@ impl Proc {
     /// The whole log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the process at once (SIGKILL): a crash, not a drain.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Sends SIGINT (what Ctrl-C sends) and waits for the exit status.

@@ -1,0 +1,136 @@
+//! Failover behind a load balancer: two gateways behind a TCP balancer (the
+//! test kit's stand-in for an NLB), one sidecar, one agent. The gateway the
+//! agent is connected to is killed; reads keep being served from the cache
+//! throughout, and writes work again once the agent has reconnected through
+//! the balancer to the surviving gateway.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use spinlink_tls::dev::{DevPki, dev_agent_identity};
+use support::balancer::Balancer;
+use support::{Kubectl, Proc, http, wait_for, write_kubeconfig};
+
+fn yaml(dir: &Path, name: &str, text: String) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_dead_gateway_is_replaced_through_the_balancer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
+    let p = |path: std::path::PathBuf| path.display().to_string();
+
+    let sim_kubeconfig = dir.join("sim.kubeconfig");
+    let mut sim = Proc::start(
+        "kube-sim",
+        dir,
+        &["kube-sim", "--listen", "127.0.0.1:0", "--kubeconfig-out", &p(sim_kubeconfig.clone())],
+    );
+    sim.listening("kube-sim");
+    let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
+
+    let sidecar_cfg = yaml(
+        dir,
+        "sidecar.yaml",
+        "instanceId: failover\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\nfacade:\n  listen: 127.0.0.1:0\n"
+            .to_owned(),
+    );
+    let mut sidecar = Proc::start("sidecar", dir, &["sidecar", "--config", &sidecar_cfg]);
+    let tunnel = sidecar.listening("sidecar-tunnel");
+    let facade = sidecar.listening("sidecar-facade");
+
+    let gateway_yaml = |id: &str| {
+        format!(
+            "gatewayId: {id}\nlisten: 127.0.0.1:0\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
+             policy:\n- identities: [\"{}\"]\n  accounts: [prod]\nupstreams:\n- url: http://{tunnel}\n",
+            p(pki.cert("gateway")),
+            p(pki.key("gateway")),
+            p(pki.ca_cert()),
+            dev_agent_identity("agent-1"),
+        )
+    };
+    let mut gateways: Vec<Proc> = ["gw-1", "gw-2"]
+        .iter()
+        .map(|id| {
+            let cfg = yaml(dir, &format!("{id}.yaml"), gateway_yaml(id));
+            Proc::start(id, dir, &["gateway", "--config", &cfg])
+        })
+        .collect();
+    let addrs: Vec<_> = gateways.iter_mut().map(|g| g.listening("gateway")).collect();
+    let balancer = Balancer::start(&addrs, None);
+
+    let agent_cfg = yaml(
+        dir,
+        "agent.yaml",
+        format!(
+            "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
+             reconnect:\n  initialBackoffMillis: 100\n  maxBackoffMillis: 1000\n\
+             kubernetes:\n  accounts:\n  - name: prod\n    kubeconfigFile: {}\n",
+            balancer.addr.port(),
+            p(pki.ca_cert()),
+            p(pki.cert("agent-agent-1")),
+            p(pki.key("agent-agent-1")),
+            sim_kubeconfig.display()
+        ),
+    );
+    let _agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+
+    let ready = || {
+        let (status, body) = http(facade, "GET", "/v1/accounts/prod", &[]);
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200 && v["online"] == true && v["relay"] == true && v["kindsSynced"] == v["kindsTotal"]
+            && v["kindsTotal"].as_u64().unwrap_or(0) > 0)
+            .then_some(())
+    };
+    wait_for("account prod to be ready", ready);
+    let kubeconfig = dir.join("facade.kubeconfig");
+    write_kubeconfig(&kubeconfig, &format!("http://{facade}/accounts/prod"));
+    let via = Kubectl::new(dir, "facade", &kubeconfig);
+    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "before")));
+
+    // Kill the gateway the agent is on.
+    let on = wait_for("the agent's connection through the balancer", || {
+        addrs.iter().position(|a| balancer.open_to(*a) > 0)
+    });
+    gateways[on].kill();
+    let killed = Instant::now();
+
+    // Reads come from the sidecar's cache: they never stop working.
+    let pods = via.ok(&["get", "pods", "-n", "demo", "-o", "name"]);
+    assert!(!pods.is_empty());
+
+    // Writes need the agent: they work again once it is back through the
+    // surviving gateway.
+    let recovered = wait_for("a write through the surviving gateway", || {
+        let out = via.run_with_input(
+            &["apply", "-f", "-"],
+            Some(&support::deployment("demo", "after")),
+        );
+        out.status.success().then(|| killed.elapsed())
+    });
+    eprintln!("writes recovered {recovered:?} after the gateway was killed");
+    assert!(balancer.open_to(addrs[1 - on]) > 0, "the agent moved to the other gateway");
+    let image = direct.ok(&[
+        "get", "deployment", "after", "-n", "demo", "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(image, "nginx:1.27");
+    // And the cache follows the cluster again.
+    direct.ok_with_input(
+        &["apply", "-f", "-"],
+        Some("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: after-failover\n  namespace: demo\ndata:\n  k: v\n"),
+    );
+    wait_for("a change in the cluster through the facade", || {
+        via.run_with_input(&["get", "configmap", "after-failover", "-n", "demo"], None)
+            .status
+            .success()
+            .then_some(())
+    });
+    let _ = Duration::ZERO;
+}

@@ -1,0 +1,146 @@
+//! A TCP load balancer for the end-to-end tests, standing in for a cloud NLB
+//! in front of the gateways: agents see one address. New connections go
+//! round-robin to the backends that accept (a refused backend is skipped,
+//! as an NLB's failed health check would); bytes are piped both ways; an
+//! idle cut, when set, closes connections with no traffic for that long, as
+//! an NLB's idle timeout does. Threads and blocking sockets: the tests are
+//! synchronous.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One balancer; stops accepting when dropped.
+pub struct Balancer {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    backends: Mutex<Vec<SocketAddr>>,
+    next: AtomicUsize,
+    idle: Option<Duration>,
+    stop: AtomicBool,
+    /// Open connections per backend address.
+    open: Mutex<Vec<(SocketAddr, usize)>>,
+}
+
+impl Balancer {
+    /// Balances over `backends`; `idle` cuts silent connections.
+    pub fn start(backends: &[SocketAddr], idle: Option<Duration>) -> Balancer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            backends: Mutex::new(backends.to_vec()),
+            next: AtomicUsize::new(0),
+            idle,
+            stop: AtomicBool::new(false),
+            open: Mutex::new(Vec::new()),
+        });
+        let s = shared.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if s.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let s = s.clone();
+                std::thread::spawn(move || s.serve(client));
+            }
+        });
+        Balancer { addr, shared }
+    }
+
+    /// Replaces the backends (a scaled or restarted gateway).
+    pub fn set_backends(&self, backends: &[SocketAddr]) {
+        *self.shared.backends.lock().unwrap() = backends.to_vec();
+    }
+
+    /// Open connections to `backend`.
+    pub fn open_to(&self, backend: SocketAddr) -> usize {
+        self.shared
+            .open
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(a, _)| *a == backend)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+impl Shared {
+    fn count(&self, backend: SocketAddr, delta: isize) {
+        let mut open = self.open.lock().unwrap();
+        match open.iter_mut().find(|(a, _)| *a == backend) {
+            Some((_, n)) => *n = n.saturating_add_signed(delta),
+            None if delta > 0 => open.push((backend, 1)),
+            None => {}
+        }
+    }
+
+    fn serve(&self, client: TcpStream) {
+        let backends = self.backends.lock().unwrap().clone();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let upstream = (0..backends.len()).find_map(|i| {
+            let b = backends[(start + i) % backends.len()];
+            TcpStream::connect_timeout(&b, Duration::from_secs(2))
+                .ok()
+                .map(|s| (b, s))
+        });
+        let Some((backend, server)) = upstream else {
+            return; // Nothing accepts: the client sees its connection closed.
+        };
+        self.count(backend, 1);
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        // Idle means no bytes either way, so both directions share one clock.
+        let born = std::time::Instant::now();
+        let last = Arc::new(AtomicUsize::new(0));
+        let pipe = move |mut from: TcpStream, mut to: TcpStream, idle: Option<Duration>, last: Arc<AtomicUsize>| {
+            let _ = from.set_read_timeout(idle.map(|d| d / 4));
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        last.store(born.elapsed().as_millis() as usize, Ordering::Relaxed);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e)
+                        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                    {
+                        let quiet = born.elapsed().as_millis() as usize - last.load(Ordering::Relaxed);
+                        if idle.is_some_and(|d| quiet >= d.as_millis() as usize) {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            // Either direction ending (or idling out) closes both, as an
+            // NLB's reset does.
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        };
+        let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let idle = self.idle;
+        let last2 = last.clone();
+        let up = std::thread::spawn(move || pipe(c2, s2, idle, last2));
+        pipe(server, client, idle, last);
+        let _ = up.join();
+        self.count(backend, -1);
+    }
+}
