@@ -5,19 +5,22 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use spinlink_proto::v1::HelloResponse;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
+use crate::cache::outbox::{Outbox, initial_seq};
 use crate::cache::{self, CacheSettings};
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::connection::{connect, session::Session};
+use crate::kinds::KindFilter;
+use crate::metrics::Metrics;
 use crate::relay;
 use crate::state::{AccountState, AgentState, Publisher};
 use crate::{Error, Result};
@@ -25,30 +28,64 @@ use crate::{Error, Result};
 /// A connection that stayed up this long resets the reconnect backoff.
 pub const STABLE_CONNECTION: Duration = Duration::from_secs(30);
 
-/// The agent: configuration, per-account sequence counters and published
-/// state. Build with [`Agent::new`], run with [`Agent::run`].
+/// The agent: configuration, per-account unacked windows, list budgets,
+/// metrics and published state. Build with [`Agent::new`], run with
+/// [`Agent::run`].
 #[derive(Debug)]
 pub struct Agent {
     config: Config,
     state: Publisher,
-    seqs: BTreeMap<String, Arc<AtomicU64>>,
+    /// Per account; outlives connections so the window is replayed.
+    outboxes: BTreeMap<String, Arc<Outbox>>,
+    /// Per account list budget (`tasks.budgetPerAccount`).
+    account_budgets: BTreeMap<String, Arc<Semaphore>>,
+    /// Agent-wide list budget (`tasks.totalBudget`).
+    total_budget: Arc<Semaphore>,
+    metrics: Metrics,
+    /// Bound in `new` so the address is known before `run`.
+    admin: Option<std::net::TcpListener>,
 }
 
 impl Agent {
     /// Checks the configuration and prepares the agent; nothing is dialled yet.
     pub fn new(config: Config) -> Result<Agent> {
         config.validate()?;
-        let seqs = config
-            .kubernetes
-            .accounts
-            .iter()
-            .map(|a| (a.name.clone(), Arc::new(AtomicU64::new(0))))
+        let start = initial_seq();
+        let names = || config.kubernetes.accounts.iter().map(|a| a.name.clone());
+        let outboxes = names()
+            .map(|n| (n, Arc::new(Outbox::new(config.cache.unacked_window, start))))
             .collect();
+        let account_budgets = names()
+            .map(|n| (n, Arc::new(Semaphore::new(config.tasks.budget_per_account))))
+            .collect();
+        let admin = match config.admin.listen {
+            Some(addr) => {
+                let bind_error = |source| Error::AdminBind { addr, source };
+                let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+                listener.set_nonblocking(true).map_err(bind_error)?;
+                Some(listener)
+            }
+            None => None,
+        };
         Ok(Agent {
+            admin,
+            total_budget: Arc::new(Semaphore::new(config.tasks.total_budget)),
             config,
             state: Publisher::new(),
-            seqs,
+            outboxes,
+            account_budgets,
+            metrics: Metrics::new(),
         })
+    }
+
+    /// The admin port's address, when `admin.listen` is set.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The agent's metrics (served by the admin port, read by tests).
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
     }
 
     /// The agent's state as it changes.
@@ -58,7 +95,22 @@ impl Agent {
 
     /// Runs until `shutdown` is cancelled, reconnecting as needed. Fails only
     /// when an account's cluster configuration cannot be loaded.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        if let Some(listener) = self.admin.take() {
+            let addr = listener.local_addr().ok();
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(|source| Error::AdminBind {
+                    addr: addr.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                    source,
+                })?;
+            info!(?addr, "admin port serving");
+            tokio::spawn(crate::admin::serve(
+                listener,
+                self.metrics.clone(),
+                self.state.subscribe(),
+                shutdown.clone(),
+            ));
+        }
         let mut clusters = Vec::new();
         for account in &self.config.kubernetes.accounts {
             clusters.push(Cluster::connect(account).await?);
@@ -91,6 +143,7 @@ impl Agent {
     /// One connection's life: it only ends with the error that ended it.
     async fn session(&self, clusters: &[Cluster]) -> Result<Infallible> {
         let client = connect(&self.config.gateway).await?;
+        self.metrics.reconnects.inc();
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
         let answer = session.hello(&[]).await?;
@@ -153,9 +206,28 @@ impl Agent {
                 refused.push(name.clone());
                 continue;
             };
+            let (Some(outbox), Some(account_budget), Some(account_config)) = (
+                self.outboxes.get(name),
+                self.account_budgets.get(name),
+                self.config
+                    .kubernetes
+                    .accounts
+                    .iter()
+                    .find(|a| &a.name == name),
+            ) else {
+                continue; // every configured account has all three
+            };
+            let cache_config = &self.config.cache;
             let settings = CacheSettings {
                 heartbeat: Duration::from_secs(self.config.heartbeat_seconds),
-                seq: self.seqs.get(name).cloned().unwrap_or_default(),
+                outbox: outbox.clone(),
+                filter: KindFilter::of(account_config),
+                page_size: cache_config.page_size,
+                discovery_interval: Duration::from_secs(cache_config.discovery_interval_seconds),
+                resume_wait: Duration::from_millis(cache_config.resume_wait_millis),
+                total_budget: self.total_budget.clone(),
+                account_budget: account_budget.clone(),
+                metrics: self.metrics.clone(),
             };
             accounts.spawn(run_account(
                 session.clone(),
@@ -178,10 +250,11 @@ async fn run_account(
     let name = cluster.account.clone();
     let synced_state = state.clone();
     let synced_name = name.clone();
+    let metrics = settings.metrics.clone();
     let cache = cache::run(&session, &cluster, settings, move || {
         synced_state.account(&synced_name, AccountState::Synced);
     });
-    let relay = relay::run(&session, &cluster);
+    let relay = relay::run(&session, &cluster, &metrics);
     state.account(&name, AccountState::Streaming);
     tokio::select! {
         r = cache => r,

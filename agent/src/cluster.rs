@@ -8,7 +8,10 @@ use spinlink_proto::v1;
 use tracing::warn;
 
 use crate::config::AccountConfig;
-use crate::kinds::FIXED_KINDS;
+use std::sync::Arc;
+
+use crate::kinds::{self, KindFilter};
+use crate::relay::policy::RelayPolicy;
 use crate::{Error, Result};
 
 /// Content type of the discovery documents the agent fetches.
@@ -25,6 +28,12 @@ pub struct Cluster {
     pub api_server: String,
     /// SHA-256 (hex) of the first cluster CA certificate, empty when none.
     pub ca_fingerprint: String,
+    /// The account's kinds and namespaces.
+    pub filter: KindFilter,
+    /// What relayed requests may do.
+    pub policy: Arc<RelayPolicy>,
+    /// Whom relayed requests act as: user and groups.
+    pub impersonate: Option<Arc<(String, Vec<String>)>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -73,16 +82,38 @@ impl Cluster {
             account: account.name.clone(),
             source,
         })?;
+        // Checked by `Config::validate` already; never fall back to the
+        // agent's own rights if it were unusable.
+        let impersonate = match &account.impersonate {
+            Some(imp) => {
+                let user = imp.user_name().map_err(|message| Error::KubeConfig {
+                    account: account.name.clone(),
+                    message: format!("impersonate: {message}"),
+                })?;
+                Some(Arc::new((user, imp.groups.clone())))
+            }
+            None => None,
+        };
         Ok(Self {
             account: account.name.clone(),
             client,
             api_server,
             ca_fingerprint,
+            filter: KindFilter::of(account),
+            impersonate,
+            policy: Arc::new(
+                RelayPolicy::new(&account.name, &account.relay).map_err(|e| Error::KubeConfig {
+                    account: account.name.clone(),
+                    message: format!("relay policy: {e}"),
+                })?,
+            ),
         })
     }
 
-    /// What `Hello` states about this account. A cluster that cannot be
-    /// reached still gets announced, with an empty Kubernetes version.
+    /// What `Hello` states about this account: the kinds discovery finds
+    /// now (the cache stream follows later changes). A cluster that cannot
+    /// be reached still gets announced, with an empty Kubernetes version
+    /// and no kinds.
     pub async fn account_info(&self) -> v1::AccountInfo {
         let kubernetes_version = match self.client.apiserver_version().await {
             Ok(info) => info.git_version,
@@ -91,13 +122,23 @@ impl Cluster {
                 String::new()
             }
         };
+        let kinds = match self.discovery().await {
+            Ok(snapshot) => kinds::from_discovery(&snapshot.documents, &self.filter)
+                .iter()
+                .map(kinds::WatchedKind::gvr)
+                .collect(),
+            Err(e) => {
+                warn!(account = %self.account, error = %e, "discovery for Hello failed");
+                Vec::new()
+            }
+        };
         v1::AccountInfo {
             name: self.account.clone(),
             api_server: self.api_server.clone(),
             ca_fingerprint: self.ca_fingerprint.clone(),
             kubernetes_version,
-            kinds: FIXED_KINDS.iter().map(|k| k.gvr()).collect(),
-            namespaces: Vec::new(),
+            kinds,
+            namespaces: self.filter.namespaces.clone(),
             properties: Default::default(),
         }
     }

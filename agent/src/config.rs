@@ -18,6 +18,24 @@ pub const DEFAULT_MAX_BACKOFF_MILLIS: u64 = 30_000;
 /// Well inside the 350 s idle cut of cloud load balancers.
 pub const DEFAULT_HEARTBEAT_SECONDS: u64 = 30;
 
+/// Default size of the unacked window: `CacheUp` messages sent but not yet
+/// acknowledged by the sidecar, per account. When full, the watches wait.
+pub const DEFAULT_UNACKED_WINDOW: usize = 10_000;
+/// Default page size (`limit`) of initial lists.
+pub const DEFAULT_PAGE_SIZE: u32 = 500;
+/// Default interval between discovery refreshes, in seconds.
+pub const DEFAULT_DISCOVERY_INTERVAL_SECONDS: u64 = 30;
+/// Default wait for the sidecar's `ResumeFrom` after a cache stream opens.
+pub const DEFAULT_RESUME_WAIT_MILLIS: u64 = 5_000;
+/// Default number of initial lists running at once, over all accounts.
+pub const DEFAULT_TOTAL_BUDGET: usize = 8;
+/// Default number of initial lists running at once per account.
+pub const DEFAULT_BUDGET_PER_ACCOUNT: usize = 4;
+/// Default interval of HTTP/2 PINGs on the gateway connection, in seconds.
+pub const DEFAULT_KEEPALIVE_INTERVAL_SECONDS: u64 = 20;
+/// Default time a PING may go unanswered, in seconds.
+pub const DEFAULT_KEEPALIVE_TIMEOUT_SECONDS: u64 = 10;
+
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -67,6 +85,12 @@ pub struct Config {
     pub heartbeat_seconds: u64,
     /// The clusters this agent serves.
     pub kubernetes: KubernetesConfig,
+    /// Delivery and listing of the cache streams.
+    pub cache: CacheConfig,
+    /// Concurrency budgets.
+    pub tasks: TasksConfig,
+    /// The admin port.
+    pub admin: AdminConfig,
     /// Where the configuration came from (file path or an origin label), for
     /// error messages. Not a YAML key.
     #[serde(skip)]
@@ -74,7 +98,7 @@ pub struct Config {
 }
 
 /// The `gateway:` section: the address and TLS material of the gateway.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct GatewayConfig {
     /// `https://host:port` (or `http://` with `insecure: true`, meaning h2c).
@@ -89,6 +113,80 @@ pub struct GatewayConfig {
     pub key_file: Option<PathBuf>,
     /// Plaintext HTTP/2 (h2c), for local development only.
     pub insecure: bool,
+    /// Interval of HTTP/2 PINGs, in seconds.
+    pub keepalive_interval_seconds: u64,
+    /// How long a PING may go unanswered before the connection is dropped.
+    pub keepalive_timeout_seconds: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            server_name: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            insecure: false,
+            keepalive_interval_seconds: DEFAULT_KEEPALIVE_INTERVAL_SECONDS,
+            keepalive_timeout_seconds: DEFAULT_KEEPALIVE_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+/// The `admin:` section: `/healthz`, `/readyz` and `/metrics` over plain
+/// HTTP. Off unless `listen` is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct AdminConfig {
+    /// Address to serve on, e.g. `0.0.0.0:9090` (port 0: any free port).
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// The `cache:` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct CacheConfig {
+    /// Messages sent and not yet acknowledged, per account, before the
+    /// watches wait.
+    pub unacked_window: usize,
+    /// `limit` of each page of an initial list.
+    pub page_size: u32,
+    /// Seconds between discovery refreshes (new CRDs are picked up).
+    pub discovery_interval_seconds: u64,
+    /// How long a new cache stream waits for the sidecar's resume points.
+    pub resume_wait_millis: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            unacked_window: DEFAULT_UNACKED_WINDOW,
+            page_size: DEFAULT_PAGE_SIZE,
+            discovery_interval_seconds: DEFAULT_DISCOVERY_INTERVAL_SECONDS,
+            resume_wait_millis: DEFAULT_RESUME_WAIT_MILLIS,
+        }
+    }
+}
+
+/// The `tasks:` section: how many initial lists may run at once, so memory
+/// depends on these numbers and the page size, not on the cluster's size.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct TasksConfig {
+    /// Over all accounts.
+    pub total_budget: usize,
+    /// Per account.
+    pub budget_per_account: usize,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            total_budget: DEFAULT_TOTAL_BUDGET,
+            budget_per_account: DEFAULT_BUDGET_PER_ACCOUNT,
+        }
+    }
 }
 
 /// The `reconnect:` section.
@@ -142,6 +240,118 @@ pub struct AccountConfig {
     pub context: Option<String>,
     /// Use the in-cluster service account; exclusive with `kubeconfig_file`.
     pub service_account: bool,
+    /// Watch only these kinds: a kind name (`Deployment`), a plural resource
+    /// (`deployments`), `resource.group` or `Kind.group`. Every kind the API
+    /// server can list and watch when empty. Exclusive with `omit_kinds`.
+    pub kinds: Vec<String>,
+    /// Watch every kind but these (same forms as `kinds`).
+    pub omit_kinds: Vec<String>,
+    /// Watch namespaced kinds only in these namespaces, one watch each.
+    pub namespaces: Vec<String>,
+    /// Leave out objects in these namespaces.
+    pub omit_namespaces: Vec<String>,
+    /// Custom resources to include when `kinds` is set, as in Spinnaker's
+    /// account configuration (`- kind: CronTab.stable.example.com`, or just
+    /// the name).
+    pub custom_resource_definitions: Vec<CustomResourceDefinition>,
+    /// What relayed requests may do.
+    pub relay: RelayPolicyConfig,
+    /// Whom relayed requests act as (`Impersonate-User`/`-Group`); the
+    /// agent's own credentials when absent. Watches always use the agent's.
+    pub impersonate: Option<ImpersonateConfig>,
+}
+
+/// The `impersonate:` section of an account: a user (or a service account)
+/// and groups. The agent's credentials need the `impersonate` verb on them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ImpersonateConfig {
+    /// A user name; exclusive with `service_account`.
+    pub user: Option<String>,
+    /// `namespace/name` of a service account, impersonated as
+    /// `system:serviceaccount:namespace:name`.
+    pub service_account: Option<String>,
+    /// Groups, sent as one `Impersonate-Group` header each.
+    pub groups: Vec<String>,
+}
+
+impl ImpersonateConfig {
+    /// The user name to send, checked: one of `user` or `serviceAccount`.
+    pub fn user_name(&self) -> std::result::Result<String, String> {
+        match (&self.user, &self.service_account) {
+            (Some(_), Some(_)) => Err("set either user or serviceAccount, not both".into()),
+            (None, None) => Err("one of user or serviceAccount is required".into()),
+            (Some(user), None) if !user.is_empty() => Ok(user.clone()),
+            (Some(_), None) => Err("user is empty".into()),
+            (None, Some(sa)) => match sa.split_once('/') {
+                Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                    Ok(format!("system:serviceaccount:{ns}:{name}"))
+                }
+                _ => Err(format!("serviceAccount {sa:?} must be namespace/name")),
+            },
+        }
+    }
+}
+
+/// One `customResourceDefinitions` entry: a name, or Spinnaker's object form.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CustomResourceDefinition {
+    /// `crontabs.stable.example.com` or `CronTab.stable.example.com`.
+    Name(String),
+    /// `{kind: CronTab.stable.example.com, spinnakerKind: ..., versioned: ...}`.
+    Object(CustomResourceObject),
+}
+
+/// Spinnaker's form of a custom resource entry; only `kind` is used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct CustomResourceObject {
+    /// `Kind.group` or `resource.group`.
+    pub kind: String,
+    /// Spinnaker's kind mapping (accepted, not used by the agent).
+    pub spinnaker_kind: Option<String>,
+    /// Accepted, not used by the agent.
+    pub versioned: Option<bool>,
+}
+
+impl CustomResourceDefinition {
+    /// The name it gives.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Name(n) => n,
+            Self::Object(o) => &o.kind,
+        }
+    }
+}
+
+/// The `relay:` section of an account: allow-lists (with `*` globs) for
+/// relayed requests. The default allows everything except reading Secret
+/// values (Secrets are returned without `data` and `stringData`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct RelayPolicyConfig {
+    /// Verbs: get, list, watch, create, update, patch, delete, deletecollection.
+    pub verbs: Vec<String>,
+    /// Resources: `pods`, `deployments.apps`, `*.apps`, `pods/log`.
+    pub resources: Vec<String>,
+    /// Namespaces. Requests across all namespaces or on cluster-scoped
+    /// resources need `*`.
+    pub namespaces: Vec<String>,
+    /// Relay Secret values unchanged (they are removed by default).
+    pub read_secrets: bool,
+}
+
+impl Default for RelayPolicyConfig {
+    fn default() -> Self {
+        let all = || vec!["*".to_owned()];
+        Self {
+            verbs: all(),
+            resources: all(),
+            namespaces: all(),
+            read_secrets: false,
+        }
+    }
 }
 
 impl Default for Config {
@@ -152,6 +362,9 @@ impl Default for Config {
             reconnect: ReconnectConfig::default(),
             heartbeat_seconds: DEFAULT_HEARTBEAT_SECONDS,
             kubernetes: KubernetesConfig::default(),
+            cache: CacheConfig::default(),
+            tasks: TasksConfig::default(),
+            admin: AdminConfig::default(),
             origin: String::new(),
         }
     }
@@ -265,6 +478,30 @@ impl Config {
         if self.heartbeat_seconds == 0 {
             return Err(invalid("heartbeatSeconds", "must be > 0"));
         }
+        if gw.keepalive_interval_seconds == 0 {
+            return Err(invalid("gateway.keepaliveIntervalSeconds", "must be > 0"));
+        }
+        if gw.keepalive_timeout_seconds == 0 {
+            return Err(invalid("gateway.keepaliveTimeoutSeconds", "must be > 0"));
+        }
+        let c = &self.cache;
+        for (key, value) in [
+            ("cache.unackedWindow", c.unacked_window as u64),
+            ("cache.pageSize", u64::from(c.page_size)),
+            (
+                "cache.discoveryIntervalSeconds",
+                c.discovery_interval_seconds,
+            ),
+            ("tasks.totalBudget", self.tasks.total_budget as u64),
+            (
+                "tasks.budgetPerAccount",
+                self.tasks.budget_per_account as u64,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
+        }
 
         if self.kubernetes.accounts.is_empty() {
             return Err(invalid(
@@ -303,6 +540,52 @@ impl Config {
                 }
                 (Some(path), false) => file_exists(&key("kubeconfigFile"), path)?,
                 (None, true) => {}
+            }
+            // A list and its omit list together would leave the reader
+            // guessing which wins.
+            for (list, omit, both) in [
+                (
+                    "kinds",
+                    "omitKinds",
+                    !account.kinds.is_empty() && !account.omit_kinds.is_empty(),
+                ),
+                (
+                    "namespaces",
+                    "omitNamespaces",
+                    !account.namespaces.is_empty() && !account.omit_namespaces.is_empty(),
+                ),
+            ] {
+                if both {
+                    return Err(invalid(
+                        &key(list),
+                        &format!("set either {} or {}, not both", key(list), key(omit)),
+                    ));
+                }
+            }
+            if let Some(imp) = &account.impersonate {
+                let user = imp
+                    .user_name()
+                    .map_err(|m| invalid(&key("impersonate"), &m))?;
+                for value in std::iter::once(&user).chain(&imp.groups) {
+                    if http::HeaderValue::from_str(value).is_err() || value.is_empty() {
+                        return Err(invalid(
+                            &key("impersonate"),
+                            &format!("{value:?} is not usable as a header value"),
+                        ));
+                    }
+                }
+            }
+            let relay = &account.relay;
+            for (k, globs) in [
+                ("relay.verbs", &relay.verbs),
+                ("relay.resources", &relay.resources),
+                ("relay.namespaces", &relay.namespaces),
+            ] {
+                for g in globs {
+                    if let Err(e) = globset::Glob::new(g) {
+                        return Err(invalid(&key(k), &format!("bad pattern {g:?}: {e}")));
+                    }
+                }
             }
         }
         Ok(())

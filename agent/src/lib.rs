@@ -2,12 +2,15 @@
 //! them to the gateway over one outbound mTLS HTTP/2 connection.
 //!
 //! Start reading at [`Agent::run`]: it connects ([`connection`]), says
-//! `Hello`, and per granted account runs a `Cache` stream ([`cache`]: discovery
-//! and watches) and a `Relay` stream ([`relay`]: API requests from the
-//! sidecar), reconnecting with [`backoff::Backoff`] when anything breaks.
-//! Secret values are removed by [`scrub`] before they can leave.
+//! `Hello`, and per granted account runs a `Cache` stream ([`cache`]: kinds
+//! from discovery ([`kinds`]), paginated lists and watches, the acked outbox)
+//! and a `Relay` stream ([`relay`]: API requests from the sidecar, checked
+//! against the account's relay policy), reconnecting with
+//! [`backoff::Backoff`] when anything breaks. Secret values are skipped by
+//! [`scrub`] while parsing, so they never leave; [`metrics`] counts it all.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod agent;
 pub mod backoff;
 pub mod cache;
@@ -15,6 +18,7 @@ pub mod cluster;
 pub mod config;
 pub mod connection;
 pub mod kinds;
+pub mod metrics;
 pub mod relay;
 pub mod scrub;
 pub mod state;
@@ -115,6 +119,15 @@ pub enum Error {
         account: String,
         /// What failed.
         message: String,
+    },
+    /// The admin port could not be bound.
+    #[error("admin.listen {addr}: {source}")]
+    AdminBind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// A background task panicked or was cancelled.
     #[error("task failed: {0}")]

@@ -4,10 +4,12 @@
 //! objects, not in relayed responses (get, list, table, watch). The
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation is removed
 //! too, since `kubectl apply` copies the whole Secret, values included, into
-//! it. Later work replaces the object path with a deserializer that skips the
-//! values without allocating them; until then they are removed after parsing.
+//! it. Values are never even allocated: [`Scrubbed`] parses JSON with a
+//! visitor that skips them ([`serde::de::IgnoredAny`]), for watched Secrets
+//! and for relayed responses alike.
 
-use serde_json::Value;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 
 /// Keys of a Secret that hold values.
 pub const SECRET_VALUE_KEYS: [&str; 2] = ["data", "stringData"];
@@ -30,54 +32,159 @@ pub enum Error {
 /// Result with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Removes the values of one Secret object (no-op for non-objects).
-pub fn scrub_secret(obj: &mut Value) {
-    let Some(map) = obj.as_object_mut() else {
-        return;
-    };
-    for key in SECRET_VALUE_KEYS {
-        map.remove(key);
-    }
-    if let Some(annotations) = map
-        .get_mut("metadata")
-        .and_then(|m| m.get_mut("annotations"))
-        .and_then(Value::as_object_mut)
-    {
-        annotations.remove(LAST_APPLIED_ANNOTATION);
+/// A JSON value parsed with every Secret value left out: the values of
+/// `data` and `stringData` are skipped by the parser ([`IgnoredAny`]) and never
+/// allocated, and so is the last-applied annotation in `metadata`.
+///
+/// The same rules hold at every level where a Secret can sit in a response:
+/// the value itself (a Secret), `items[]` (a SecretList), `rows[]` and
+/// `rows[].object` (a Table), and `object` (a watch event). Only use it for
+/// values known to hold Secrets: other kinds keep meaningful `data`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scrubbed(pub Value);
+
+impl<'de> Deserialize<'de> for Scrubbed {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ScrubVisitor).map(Scrubbed)
     }
 }
 
-/// Scrubs a response value from a secrets path, whatever its shape: a Secret,
-/// a SecretList (`items`), a Table (`rows[].object`) or a watch event
-/// (`object`).
-pub fn scrub_secret_response(value: &mut Value) {
-    scrub_secret(value);
-    let Some(map) = value.as_object_mut() else {
-        return;
-    };
-    if let Some(items) = map.get_mut("items").and_then(Value::as_array_mut) {
-        items.iter_mut().for_each(scrub_secret);
+/// Builds a [`Value`] like `Value::deserialize`, applying the Secret rules to
+/// every map key.
+struct ScrubVisitor;
+
+impl<'de> Visitor<'de> for ScrubVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
     }
-    if let Some(rows) = map.get_mut("rows").and_then(Value::as_array_mut) {
-        for row in rows {
-            if let Some(object) = row.get_mut("object") {
-                scrub_secret_response(object);
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Scrubbed(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                k if SECRET_VALUE_KEYS.contains(&k) => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "metadata" => {
+                    let Metadata(v) = map.next_value()?;
+                    out.insert(key, v);
+                }
+                "items" | "rows" | "object" => {
+                    let Scrubbed(v) = map.next_value()?;
+                    out.insert(key, v);
+                }
+                _ => {
+                    out.insert(key, map.next_value::<Value>()?);
+                }
             }
         }
-    }
-    if let Some(object) = map.get_mut("object") {
-        scrub_secret_response(object);
+        Ok(Value::Object(out))
     }
 }
 
-/// Parses a whole (non-watch) response body from a secrets path, scrubs it
-/// and serialises it again. An empty body stays empty.
+/// `metadata` with the last-applied annotation skipped.
+struct Metadata(Value);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("object metadata")
+            }
+            fn visit_unit<E>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                let mut out = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "annotations" {
+                        let Annotations(v) = map.next_value()?;
+                        out.insert(key, v);
+                    } else {
+                        out.insert(key, map.next_value::<Value>()?);
+                    }
+                }
+                Ok(Value::Object(out))
+            }
+        }
+        deserializer.deserialize_any(V).map(Metadata)
+    }
+}
+
+/// Annotations without [`LAST_APPLIED_ANNOTATION`], whose value is skipped.
+struct Annotations(Value);
+
+impl<'de> Deserialize<'de> for Annotations {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("annotations")
+            }
+            fn visit_unit<E>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                let mut out = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == LAST_APPLIED_ANNOTATION {
+                        map.next_value::<IgnoredAny>()?;
+                    } else {
+                        out.insert(key, map.next_value::<Value>()?);
+                    }
+                }
+                Ok(Value::Object(out))
+            }
+        }
+        deserializer.deserialize_any(V).map(Annotations)
+    }
+}
+
+/// Parses a whole (non-watch) response body from a secrets path without its
+/// Secret values and serialises it again. An empty body stays empty.
 pub fn scrub_secret_body(body: &[u8]) -> Result<Vec<u8>> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(body.to_vec());
     }
-    let mut value: Value = serde_json::from_slice(body).map_err(Error::NotJson)?;
-    scrub_secret_response(&mut value);
+    let Scrubbed(value) = serde_json::from_slice(body).map_err(Error::NotJson)?;
     serde_json::to_vec(&value).map_err(Error::NotJson)
 }
 
@@ -147,8 +254,7 @@ fn scrub_line(line: &[u8], out: &mut Vec<u8>) -> Result<()> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return Ok(());
     }
-    let mut value: Value = serde_json::from_slice(line).map_err(Error::NotJson)?;
-    scrub_secret_response(&mut value);
+    let Scrubbed(value) = serde_json::from_slice(line).map_err(Error::NotJson)?;
     serde_json::to_writer(&mut *out, &value).map_err(Error::NotJson)?;
     out.push(b'\n');
     Ok(())
@@ -185,8 +291,8 @@ mod tests {
 
     #[test]
     fn secret_object_loses_values_keeps_the_rest() {
-        let mut s = secret("a");
-        scrub_secret(&mut s);
+        let raw = serde_json::to_vec(&secret("a")).unwrap();
+        let Scrubbed(s) = serde_json::from_slice(&raw).unwrap();
         assert!(s.get("data").is_none());
         assert!(s.get("stringData").is_none());
         assert_eq!(s["metadata"]["annotations"]["keep"], "me");

@@ -43,7 +43,7 @@ fn events(r: &Records) -> Vec<(watch_event::Type, String, serde_json::Value)> {
     r.cache_up
         .iter()
         .filter_map(|(_, m)| match &m.msg {
-            Some(cache_up::Msg::Event(e)) => Some((
+            Some(cache_up::Msg::Event(e)) if e.r#type() != watch_event::Type::Bookmark => Some((
                 e.r#type(),
                 e.kind
                     .as_ref()
@@ -119,13 +119,13 @@ async fn sync_events_relay_and_no_secret_values() {
     let shutdown = CancellationToken::new();
     let agent_task = tokio::spawn(agent.run(shutdown.clone()));
 
-    // Initial sync: discovery, then SyncStart … SyncEnd for each of the 8 kinds.
-    gw.wait_for("SyncEnd for 8 kinds", |r| {
+    // Initial sync: discovery, then SyncStart … SyncEnd for each discovered kind.
+    gw.wait_for("SyncEnd for 10 kinds", |r| {
         r.cache_up
             .iter()
             .filter(|(_, m)| matches!(m.msg, Some(cache_up::Msg::SyncEnd(_))))
             .count()
-            >= 8
+            >= 10
     })
     .await;
     state
@@ -143,6 +143,7 @@ async fn sync_events_relay_and_no_secret_values() {
             v.sort();
             v
         };
+        // Every listable and watchable kind kube-sim's discovery advertises.
         let expected = vec![
             "/v1/configmaps",
             "/v1/events",
@@ -150,8 +151,10 @@ async fn sync_events_relay_and_no_secret_values() {
             "/v1/pods",
             "/v1/secrets",
             "/v1/services",
+            "apiextensions.k8s.io/v1/customresourcedefinitions",
             "apps/v1/deployments",
             "apps/v1/replicasets",
+            "coordination.k8s.io/v1/leases",
         ];
         assert_eq!(
             kinds(|m| match m {
@@ -212,16 +215,19 @@ async fn sync_events_relay_and_no_secret_values() {
         ));
 
         let seqs: Vec<u64> = r.cache_up.iter().map(|(_, m)| m.seq).collect();
-        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+        assert_eq!(
+            seqs,
+            (seqs[0]..seqs[0] + seqs.len() as u64).collect::<Vec<_>>()
+        );
         no_sentinel(r);
     });
 
-    // Changes after the sync arrive as events.
+    // Changes after the sync arrive as the API server's events.
     sim.create(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "after-sync", "namespace": "demo"}, "data": {"x": "1"}}))
         .unwrap();
     gw.wait_for("event for after-sync", |r| {
-        has_event(r, watch_event::Type::Modified, "configmaps", "after-sync")
+        has_event(r, watch_event::Type::Added, "configmaps", "after-sync")
     })
     .await;
     sim.delete("configmaps", Some("demo"), "after-sync")
@@ -232,7 +238,7 @@ async fn sync_events_relay_and_no_secret_values() {
     .await;
     sim.create(sentinel_secret("sentinel-late")).unwrap();
     gw.wait_for("event for sentinel-late", |r| {
-        has_event(r, watch_event::Type::Modified, "secrets", "sentinel-late")
+        has_event(r, watch_event::Type::Added, "secrets", "sentinel-late")
     })
     .await;
 
@@ -315,6 +321,93 @@ async fn sync_events_relay_and_no_secret_values() {
         .unwrap()
         .unwrap();
     sim_stop.cancel();
+    let _ = tokio::time::timeout(common::WAIT, sim_task).await;
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_are_forwarded_and_resync_lists_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = spinlink_kube_sim::SimConfig::default()
+        .bookmark_interval(std::time::Duration::from_millis(100));
+    let sim = Sim::with_config(config);
+    sim.add_demo_workload();
+    let server = Server::bind(sim.clone(), "127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let kubeconfig = dir.path().join("sim.kubeconfig");
+    spinlink_kube_sim::write_kubeconfig(&kubeconfig, &server.url(), "sim", None).unwrap();
+    let stop = CancellationToken::new();
+    let sim_task = tokio::spawn(server.run(stop.clone()));
+    let gw = FakeGateway::start(&dir.path().join("pki")).await;
+    let yaml = format!(
+        "{}      kinds: [configmaps, pods]\n",
+        gw.agent_yaml(&[("dev", &kubeconfig)])
+    );
+    let agent = Agent::new(Config::from_yaml_str(&yaml, "test.yaml").unwrap()).unwrap();
+    let agent_task = tokio::spawn(agent.run(stop.clone()));
+
+    let sync_starts = |r: &Records, resource: &str| {
+        r.cache_up
+            .iter()
+            .filter(|(_, m)| {
+                matches!(&m.msg, Some(cache_up::Msg::SyncStart(s))
+                    if s.kind.as_ref().is_some_and(|k| k.resource == resource))
+            })
+            .count()
+    };
+    gw.wait_for("a bookmark for configmaps", |r| {
+        r.cache_up.iter().any(|(_, m)| {
+            matches!(&m.msg, Some(cache_up::Msg::Event(e))
+                if e.r#type() == watch_event::Type::Bookmark
+                    && !e.resource_version.is_empty()
+                    && e.object.is_empty()
+                    && e.kind.as_ref().is_some_and(|k| k.resource == "configmaps"))
+        })
+    })
+    .await;
+    gw.with(|r| {
+        assert_eq!(
+            (sync_starts(r, "configmaps"), sync_starts(r, "pods")),
+            (1, 1)
+        )
+    });
+
+    // The sidecar asks for configmaps again: only that kind lists again.
+    let configmaps = gw.with(|r| {
+        r.cache_up
+            .iter()
+            .find_map(|(_, m)| match &m.msg {
+                Some(cache_up::Msg::SyncStart(s)) => {
+                    s.kind.clone().filter(|k| k.resource == "configmaps")
+                }
+                _ => None,
+            })
+            .unwrap()
+    });
+    gw.cache_down(v1::CacheDown {
+        msg: Some(v1::cache_down::Msg::Resync(v1::Resync {
+            kinds: vec![configmaps],
+        })),
+    })
+    .await;
+    gw.wait_for("a second listing of configmaps", |r| {
+        sync_starts(r, "configmaps") == 2
+            && r.cache_up
+                .iter()
+                .filter(|(_, m)| matches!(m.msg, Some(cache_up::Msg::SyncEnd(_))))
+                .count()
+                >= 3
+    })
+    .await;
+    gw.with(|r| assert_eq!(sync_starts(r, "pods"), 1));
+
+    stop.cancel();
+    tokio::time::timeout(common::WAIT, agent_task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let _ = tokio::time::timeout(common::WAIT, sim_task).await;
     gw.stop().await;
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::{FakeGateway, write_plain_kubeconfig};
 use spinlink_agent::{AccountState, Agent, Config};
-use spinlink_proto::v1::{self, cache_up, relay_down, relay_up};
+use spinlink_proto::v1::{self, cache_down, cache_up, relay_down, relay_up};
 use tokio_util::sync::CancellationToken;
 
 /// A port nothing listens on: the cluster is unreachable.
@@ -66,9 +66,8 @@ async fn hello_streams_metadata_and_refusal() {
             "{}",
             dev.api_server
         );
-        assert!(dev.kinds.contains(&"/v1/pods".to_owned()));
-        assert!(dev.kinds.contains(&"apps/v1/deployments".to_owned()));
-        assert_eq!(dev.kinds.len(), 8);
+        // Kinds come from discovery, which an unreachable cluster has none of.
+        assert!(dev.kinds.is_empty(), "{:?}", dev.kinds);
 
         for s in &r.streams {
             assert_eq!(s.account.as_deref(), Some("dev"), "{s:?}");
@@ -79,7 +78,9 @@ async fn hello_streams_metadata_and_refusal() {
         assert!(r.bad_first.is_empty(), "{:?}", r.bad_first);
         let (account, first) = &r.cache_up[0];
         assert_eq!(account, "dev");
-        assert_eq!(first.seq, 1);
+        // Numbering starts from the process start time, so a restarted agent
+        // keeps counting upwards.
+        assert!(first.seq > 1_000_000_000_000_000, "{}", first.seq);
         let Some(cache_up::Msg::Open(open)) = &first.msg else {
             panic!("first cache message {first:?}")
         };
@@ -134,7 +135,7 @@ async fn hello_streams_metadata_and_refusal() {
     .await;
     gw.with(|r| {
         let seqs: Vec<u64> = r.cache_up.iter().map(|(_, m)| m.seq).collect();
-        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+        let expected: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
         assert_eq!(seqs, expected);
     });
 
@@ -192,7 +193,20 @@ async fn reconnects_when_the_gateway_comes_back() {
     let mut agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
     gw.wait_for("streams", |r| r.streams.len() >= 2).await;
     agent.state.wait_for(|s| s.connected).await.unwrap();
-    let seq_before = gw.with(|r| r.cache_up.last().map(|(_, m)| m.seq).unwrap());
+    // Two heartbeats after open; the first is acknowledged, the second not.
+    gw.wait_for("two heartbeats", |r| r.cache_up.len() >= 3)
+        .await;
+    let (open_before, acked, unacked) = gw.with(|r| {
+        let seq = |i: usize| r.cache_up[i].1.seq;
+        (seq(0), seq(1), seq(2))
+    });
+    gw.cache_down(v1::CacheDown {
+        msg: Some(cache_down::Msg::Ack(v1::Ack { seq: acked })),
+    })
+    .await;
+    // The ack is read before the connection goes (it is the next message).
+    gw.wait_for("a heartbeat after the ack", |r| r.cache_up.len() >= 5)
+        .await;
 
     gw.stop().await;
     agent.state.wait_for(|s| !s.connected).await.unwrap();
@@ -206,8 +220,15 @@ async fn reconnects_when_the_gateway_comes_back() {
         assert!(r.streams.iter().all(|s| s.token_valid));
         let (_, open) = &r.cache_up[0];
         assert!(matches!(open.msg, Some(cache_up::Msg::Open(_))));
-        // Sequence numbers continue across streams.
-        assert!(open.seq > seq_before, "{} <= {seq_before}", open.seq);
+        // `open` carries the last acknowledged number, and the window is
+        // replayed after it: nothing unacknowledged is lost, nothing
+        // acknowledged is sent again.
+        assert_eq!(open.seq, acked);
+        assert!(open.seq > open_before);
+        let seqs: Vec<u64> = r.cache_up.iter().map(|(_, m)| m.seq).collect();
+        assert_eq!(seqs[1], unacked, "{seqs:?}");
+        let expected: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
+        assert_eq!(seqs, expected);
     });
     agent.stop().await;
     gw.stop().await;

@@ -223,3 +223,90 @@ fn from_file_names_the_file() {
         .to_string();
     assert!(err.contains("nope.yaml"), "{err}");
 }
+
+#[test]
+fn a_list_and_its_omit_list_together_are_refused() {
+    let f = Files::new();
+    for (keys, named) in [
+        (
+            "      kinds: [pods]\n      omitKinds: [secrets]\n",
+            "kubernetes.accounts[0].omitKinds",
+        ),
+        (
+            "      namespaces: [a]\n      omitNamespaces: [b]\n",
+            "kubernetes.accounts[0].omitNamespaces",
+        ),
+    ] {
+        let yaml = f.yaml(&format!("{}{keys}", f.account("dev")));
+        let err = Config::from_yaml_str(&yaml, "agent.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(named), "{err}");
+        assert!(err.contains("not both"), "{err}");
+    }
+    // Each alone is fine, and so are the kind forms and CRD entries.
+    let yaml = f.yaml(&format!(
+        "{}      kinds: [Deployment, configmaps, crontabs.stable.example.com]\n      \
+         omitNamespaces: [kube-system]\n      customResourceDefinitions:\n      \
+         - kind: CronTab.stable.example.com\n      - widgets.example.com\n",
+        f.account("dev")
+    ));
+    let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
+    let a = &c.kubernetes.accounts[0];
+    assert_eq!(a.kinds.len(), 3);
+    assert_eq!(
+        a.custom_resource_definitions[1].name(),
+        "widgets.example.com"
+    );
+}
+
+#[test]
+fn cache_and_budget_keys_parse_and_are_checked() {
+    let f = Files::new();
+    let yaml = format!(
+        "{}cache:\n  unackedWindow: 7\n  pageSize: 3\ntasks:\n  totalBudget: 2\n  budgetPerAccount: 1\n",
+        f.yaml(&f.account("dev"))
+    );
+    let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
+    assert_eq!((c.cache.unacked_window, c.cache.page_size), (7, 3));
+    assert_eq!((c.tasks.total_budget, c.tasks.budget_per_account), (2, 1));
+    let yaml = format!("{}tasks:\n  totalBudget: 0\n", f.yaml(&f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tasks.totalBudget"), "{err}");
+    let yaml = format!("{}cache:\n  windowSize: 3\n", f.yaml(&f.account("dev")));
+    let err = Config::from_yaml_str(&yaml, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("windowSize"), "{err}");
+}
+
+#[test]
+fn impersonation_names_a_user_or_a_service_account() {
+    let f = Files::new();
+    let parse = |keys: &str| {
+        let yaml = f.yaml(&format!("{}      impersonate:\n{keys}", f.account("dev")));
+        Config::from_yaml_str(&yaml, "agent.yaml")
+    };
+    let c = parse("        serviceAccount: team-a/deployer\n        groups: [ops]\n").unwrap();
+    let imp = c.kubernetes.accounts[0].impersonate.clone().unwrap();
+    assert_eq!(
+        imp.user_name().unwrap(),
+        "system:serviceaccount:team-a:deployer"
+    );
+    assert_eq!(imp.groups, vec!["ops"]);
+    for (keys, says) in [
+        ("        user: a\n        serviceAccount: b/c\n", "not both"),
+        ("        groups: [x]\n", "required"),
+        ("        serviceAccount: nope\n", "namespace/name"),
+        ("        user: \"bad\\nvalue\"\n", "header value"),
+        ("        usr: a\n", "usr"),
+    ] {
+        let err = parse(keys).unwrap_err().to_string();
+        assert!(err.contains(says), "{keys}: {err}");
+        if says != "usr" {
+            assert!(err.contains("kubernetes.accounts[0].impersonate"), "{err}");
+        }
+    }
+}

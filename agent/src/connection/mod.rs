@@ -16,16 +16,12 @@ use crate::config::GatewayConfig;
 use crate::{Error, Result};
 use connector::Connector;
 
-/// Interval of HTTP/2 PINGs on the gateway connection.
-pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-/// How long a PING may go unanswered before the connection is declared dead.
-pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long dialling (TCP + TLS) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Dials the gateway: one TCP connection (TCP_NODELAY), TLS with the agent's
 /// client certificate and ALPN h2 (or h2c when `insecure`), HTTP/2 keepalive
-/// on. The returned client carries every RPC over that one connection and
+/// on (`gateway.keepaliveIntervalSeconds`, `keepaliveTimeoutSeconds`). The returned client carries every RPC over that one connection and
 /// never dials another: once it breaks, every call fails and the caller
 /// starts over (tokens are bound to the connection).
 pub async fn connect(gateway: &GatewayConfig) -> Result<TunnelClient<Channel>> {
@@ -64,8 +60,8 @@ pub async fn connect(gateway: &GatewayConfig) -> Result<TunnelClient<Channel>> {
     };
     let endpoint = Endpoint::from(uri)
         .connect_timeout(DEFAULT_CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_interval(Duration::from_secs(gateway.keepalive_interval_seconds))
+        .keep_alive_timeout(Duration::from_secs(gateway.keepalive_timeout_seconds))
         .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     let channel = endpoint

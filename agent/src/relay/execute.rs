@@ -1,9 +1,10 @@
 //! Running one relayed request against the API server and streaming the
 //! response back as `ResponseHead` + `BodyChunk`s (or a `RelayError`).
 //!
-//! Responses from secrets paths are rewritten before they leave: whole bodies
-//! are buffered and scrubbed, watches are scrubbed line by line, and anything
-//! that is not JSON is refused.
+//! Responses from secrets paths are rewritten before they leave (unless the
+//! account's relay policy sets `readSecrets`): whole bodies are buffered and
+//! scrubbed, watches are scrubbed line by line, and anything that is not JSON
+//! is refused.
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -69,17 +70,27 @@ enum BodyMode {
     ScrubLines,
 }
 
+/// How the account's requests are relayed.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Remove Secret values from secrets responses.
+    pub scrub_secrets: bool,
+    /// `Impersonate-User` and one `Impersonate-Group` per group.
+    pub impersonate: Option<std::sync::Arc<(String, Vec<String>)>>,
+}
+
 /// Runs the request; sends the response (or an error) through `tx`. Returns
 /// when the response is complete, failed, or the stream is gone.
 pub async fn execute(
     client: kube::Client,
     head: v1::RequestHead,
     body: Vec<u8>,
+    options: Options,
     tx: mpsc::Sender<RelayUp>,
 ) {
     let id = head.id;
     let deadline = deadline(head.deadline_unix_millis);
-    let run = run(&client, head, body, &tx);
+    let run = run(&client, head, body, &options, &tx);
     let outcome = match deadline {
         Some(at) => match tokio::time::timeout_at(at, run).await {
             Ok(outcome) => outcome,
@@ -106,16 +117,18 @@ async fn run(
     client: &kube::Client,
     head: v1::RequestHead,
     body: Vec<u8>,
+    options: &Options,
     tx: &mpsc::Sender<RelayUp>,
 ) -> Result<(), Failure> {
     let id = head.id;
-    let secrets = scrub::path_targets_secrets(&head.path);
+    let secrets = options.scrub_secrets && scrub::path_targets_secrets(&head.path);
     let mode = match (secrets, is_watch(&head.path, &head.query)) {
         (false, _) => BodyMode::Stream,
         (true, false) => BodyMode::ScrubWhole,
         (true, true) => BodyMode::ScrubLines,
     };
-    let request = build_request(&head, body, secrets)?;
+    let mut request = build_request(&head, body, secrets)?;
+    impersonate(&mut request, options)?;
     let response = client
         .send(request)
         .await
@@ -272,6 +285,24 @@ fn build_request(
         .map_err(|e| Failure::new(400, format!("bad request: {e}")))
 }
 
+/// Adds the account's impersonation headers (the sidecar's own were dropped
+/// by [`build_request`]).
+fn impersonate<B>(request: &mut http::Request<B>, options: &Options) -> Result<(), Failure> {
+    let Some(imp) = &options.impersonate else {
+        return Ok(());
+    };
+    let (user, groups) = &**imp;
+    let value = |v: &str| {
+        http::HeaderValue::from_str(v).map_err(|_| Failure::new(500, "bad impersonation value"))
+    };
+    let headers = request.headers_mut();
+    headers.insert("impersonate-user", value(user)?);
+    for group in groups {
+        headers.append("impersonate-group", value(group)?);
+    }
+    Ok(())
+}
+
 /// True for watch requests: `watch=true|1` in the query or a legacy
 /// `/watch/` path.
 pub fn is_watch(path: &str, query: &str) -> bool {
@@ -339,6 +370,36 @@ mod tests {
         assert_eq!(req.headers().get("kubectl-command").unwrap(), "kubectl get");
         assert!(req.headers().get("authorization").is_none());
         assert!(req.headers().get("impersonate-user").is_none());
+    }
+
+    #[test]
+    fn impersonation_headers_replace_the_sidecars() {
+        let h = head(
+            "/api/v1/pods",
+            "",
+            &[
+                ("Impersonate-User", "admin"),
+                ("Impersonate-Group", "system:masters"),
+            ],
+        );
+        let options = Options {
+            scrub_secrets: true,
+            impersonate: Some(std::sync::Arc::new((
+                "system:serviceaccount:a:deployer".into(),
+                vec!["ops".into(), "dev".into()],
+            ))),
+        };
+        let mut req = build_request(&h, Vec::new(), false).unwrap();
+        impersonate(&mut req, &options).unwrap();
+        let all = |n: &str| -> Vec<_> { req.headers().get_all(n).iter().cloned().collect() };
+        assert_eq!(
+            all("impersonate-user"),
+            vec!["system:serviceaccount:a:deployer"]
+        );
+        assert_eq!(all("impersonate-group"), vec!["ops", "dev"]);
+        let mut plain = build_request(&h, Vec::new(), false).unwrap();
+        impersonate(&mut plain, &Options::default()).unwrap();
+        assert!(plain.headers().get("impersonate-user").is_none());
     }
 
     #[test]

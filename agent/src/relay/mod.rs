@@ -1,8 +1,10 @@
 //! An account's `Relay` stream: the sidecar sends Kubernetes API requests
-//! (head, body chunks, cancel), the agent runs each in its own task against
-//! the API server ([`execute`]) and streams the response back.
+//! (head, body chunks, cancel), the agent checks each against the account's
+//! relay policy ([`policy`]), runs it in its own task against the API server
+//! ([`execute`]) and streams the response back.
 
 pub mod execute;
+pub mod policy;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,6 +19,7 @@ use tracing::{debug, info, warn};
 use crate::cluster::Cluster;
 use crate::connection::session::Session;
 use crate::connection::stream_request;
+use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 /// Relayed requests running at once per account; more are refused with 429.
@@ -35,8 +38,9 @@ struct Pending {
 }
 
 /// Opens the account's relay stream on the session's connection and serves
-/// requests until the stream fails.
-pub async fn run(session: &Session, cluster: &Cluster) -> Result<Infallible> {
+/// requests until the stream fails. Every request is counted in `metrics` by
+/// verb and outcome.
+pub async fn run(session: &Session, cluster: &Cluster, metrics: &Metrics) -> Result<Infallible> {
     let account = cluster.account.clone();
     let (tx, rx) = mpsc::channel(DEFAULT_RELAY_QUEUE);
     let open = RelayUp {
@@ -144,7 +148,22 @@ pub async fn run(session: &Session, cluster: &Cluster) -> Result<Infallible> {
             continue;
         };
         let id = head.id;
+        let verb = match cluster.policy.check(&head.method, &head.path, &head.query) {
+            Ok(target) => target.verb,
+            Err((target, denied)) => {
+                info!(%account, id, verb = %target.verb, path = %head.path, reason = %denied.message, "relayed request denied");
+                metrics.relay(&account, &target.verb, "denied");
+                if send_status(&tx, id, &denied).await.is_err() {
+                    return Err(Error::StreamClosed {
+                        account,
+                        stream: STREAM,
+                    });
+                }
+                continue;
+            }
+        };
         let Ok(permit) = limit.clone().try_acquire_owned() else {
+            metrics.relay(&account, &verb, "busy");
             warn!(%account, id, "too many relayed requests in flight");
             let error = execute::error(id, 429, "too many requests in flight at the agent");
             if tx.send(error).await.is_err() {
@@ -155,11 +174,16 @@ pub async fn run(session: &Session, cluster: &Cluster) -> Result<Infallible> {
             }
             continue;
         };
+        metrics.relay(&account, &verb, "relayed");
         let client = cluster.client.clone();
         let tx = tx.clone();
+        let options = execute::Options {
+            scrub_secrets: !cluster.policy.reads_secrets(),
+            impersonate: cluster.impersonate.clone(),
+        };
         let task = tasks.spawn(async move {
             let _permit = permit;
-            execute::execute(client, head, body, tx).await;
+            execute::execute(client, head, body, options, tx).await;
             id
         });
         if let Some(old) = running.insert(id, task) {
@@ -167,4 +191,31 @@ pub async fn run(session: &Session, cluster: &Cluster) -> Result<Infallible> {
             old.abort();
         }
     }
+}
+
+/// Answers request `id` with the policy's `metav1.Status`.
+async fn send_status(
+    tx: &mpsc::Sender<RelayUp>,
+    id: u64,
+    denied: &policy::Denied,
+) -> Result<(), mpsc::error::SendError<RelayUp>> {
+    let head = RelayUp {
+        msg: Some(relay_up::Msg::Head(v1::ResponseHead {
+            id,
+            status: u32::from(denied.code),
+            headers: vec![v1::Header {
+                name: "content-type".into(),
+                value: b"application/json".to_vec(),
+            }],
+        })),
+    };
+    tx.send(head).await?;
+    let body = RelayUp {
+        msg: Some(relay_up::Msg::Body(v1::BodyChunk {
+            id,
+            data: denied.status_body(),
+            end_stream: true,
+        })),
+    };
+    tx.send(body).await
 }

@@ -203,6 +203,9 @@ impl Tunnel for Svc {
         let mut inbound = request.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel(16);
+        // Like the sidecar: resume points first, here always none.
+        let resume = spinlink_proto::v1::cache_down::Msg::Resume(Default::default());
+        let _ = tx.try_send(Ok(CacheDown { msg: Some(resume) }));
         shared.cache_down.lock().unwrap().push(tx);
         tokio::spawn(async move {
             let mut first = true;
@@ -421,6 +424,12 @@ impl FakeGateway {
             .cloned()
             .expect("relay stream");
         tx.send(Ok(msg)).await.unwrap();
+    }
+
+    /// Sends a `CacheDown` on the newest cache stream.
+    pub async fn cache_down(&self, msg: CacheDown) {
+        let tx = self.shared.cache_down.lock().unwrap().last().cloned();
+        tx.expect("cache stream").send(Ok(msg)).await.unwrap();
     }
 
     /// Runs `f` on the records.

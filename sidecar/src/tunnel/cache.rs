@@ -33,9 +33,10 @@ async fn send(down: &Down, msg: cache_down::Msg) -> bool {
         .is_ok()
 }
 
-/// The `ResumeFrom` message for what the cache holds, if it holds any
-/// completed kind (after a reconnect).
-pub fn resume_from(account: &Account) -> Option<v1::ResumeFrom> {
+/// The `ResumeFrom` message for what the cache holds: every completed kind
+/// with its resourceVersion. Sent at the start of every stream, empty when
+/// nothing is held, so the agent knows at once whether to list or resume.
+pub fn resume_from(account: &Account) -> v1::ResumeFrom {
     let cache = account.read_cache();
     let kinds: Vec<v1::KindVersion> = cache
         .kinds()
@@ -45,7 +46,7 @@ pub fn resume_from(account: &Account) -> Option<v1::ResumeFrom> {
             resource_version: k.resource_version.clone(),
         })
         .collect();
-    (!kinds.is_empty()).then_some(v1::ResumeFrom { kinds })
+    v1::ResumeFrom { kinds }
 }
 
 /// Applies one message to the account's cache.
@@ -87,9 +88,7 @@ pub async fn run(
     let (mut highest, _) = account.record_seq(first_seq);
     let mut acked = 0u64;
     let mut since_ack = 1u64;
-    if let Some(resume) = resume_from(&account)
-        && !send(&down, cache_down::Msg::Resume(resume)).await
-    {
+    if !send(&down, cache_down::Msg::Resume(resume_from(&account))).await {
         return finish(&account, &store).await;
     }
     let mut tick = tokio::time::interval(DEFAULT_ACK_INTERVAL);
@@ -123,6 +122,9 @@ pub async fn run(
             }
         };
         let (h, gap) = account.record_seq(up.seq);
+        // A message at or below what is already held is the agent replaying
+        // its unacked window after a reconnect: it was applied already.
+        let duplicate = up.seq <= highest && !gap;
         highest = h;
         if gap {
             // Messages the agent thinks we hold are missing: list again.
@@ -140,7 +142,7 @@ pub async fn run(
                 break;
             }
         }
-        if let Some(msg) = up.msg {
+        if let Some(msg) = up.msg.filter(|_| !duplicate) {
             if let cache_up::Msg::Heartbeat(_) = &msg {
                 let now = chrono::Utc::now().timestamp_millis();
                 let beat = v1::Heartbeat { unix_millis: now };

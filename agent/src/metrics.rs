@@ -1,0 +1,167 @@
+//! The agent's Prometheus metrics (`prometheus-client`), served in text
+//! format by the admin port. One [`Metrics`] per agent, cloned into every
+//! task that counts something.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels: account and kind (`resource.group`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The account.
+    pub account: String,
+    /// `resource` or `resource.group`.
+    pub kind: String,
+}
+
+/// Labels: account, verb and outcome of a relayed request.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RelayLabels {
+    /// The account.
+    pub account: String,
+    /// The Kubernetes verb (`get`, `list`, `watch`, `create`, …).
+    pub verb: String,
+    /// `relayed`, `denied`, `error` or `busy`.
+    pub outcome: String,
+}
+
+/// Labels: account only.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccountLabels {
+    /// The account.
+    pub account: String,
+}
+
+/// Every metric the agent keeps.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Watch events sent, per account and kind.
+    pub events: Family<KindLabels, Counter>,
+    /// Object bytes sent, per account and kind.
+    pub bytes: Family<KindLabels, Counter>,
+    /// Watches running, per account and kind.
+    pub watches: Family<KindLabels, Gauge>,
+    /// Listings started (initial, after 410, resync), per account and kind.
+    pub relists: Family<KindLabels, Counter>,
+    /// 410 Gone answers to watches, per account and kind.
+    pub gone: Family<KindLabels, Counter>,
+    /// Relayed requests, per account, verb and outcome.
+    pub relays: Family<RelayLabels, Counter>,
+    /// Gateway connections made.
+    pub reconnects: Counter,
+    /// Messages in the unacked window, per account.
+    pub unacked: Family<AccountLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("spinlink_agent");
+        let events = Family::<KindLabels, Counter>::default();
+        let bytes = Family::<KindLabels, Counter>::default();
+        let watches = Family::<KindLabels, Gauge>::default();
+        let relists = Family::<KindLabels, Counter>::default();
+        let gone = Family::<KindLabels, Counter>::default();
+        let relays = Family::<RelayLabels, Counter>::default();
+        let reconnects = Counter::default();
+        let unacked = Family::<AccountLabels, Gauge>::default();
+        registry.register("events", "Watch events sent", events.clone());
+        registry.register("bytes", "Object bytes sent", bytes.clone());
+        registry.register("watches", "Watches running", watches.clone());
+        registry.register("relists", "Listings started", relists.clone());
+        registry.register("watch_gone", "410 Gone answers to watches", gone.clone());
+        registry.register(
+            "relays",
+            "Relayed requests by verb and outcome",
+            relays.clone(),
+        );
+        registry.register(
+            "connections",
+            "Gateway connections made",
+            reconnects.clone(),
+        );
+        registry.register(
+            "unacked_messages",
+            "Messages sent and not acknowledged",
+            unacked.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            events,
+            bytes,
+            watches,
+            relists,
+            gone,
+            relays,
+            reconnects,
+            unacked,
+        }
+    }
+
+    /// Labels of `kind` in `account`.
+    pub fn kind(account: &str, kind: &crate::kinds::WatchedKind) -> KindLabels {
+        KindLabels {
+            account: account.to_owned(),
+            kind: kind.qualified(),
+        }
+    }
+
+    /// Counts a relayed request.
+    pub fn relay(&self, account: &str, verb: &str, outcome: &str) {
+        self.relays
+            .get_or_create(&RelayLabels {
+                account: account.to_owned(),
+                verb: verb.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_format_names_labels() {
+        let m = Metrics::new();
+        m.relay("dev", "delete", "denied");
+        m.events
+            .get_or_create(&KindLabels {
+                account: "dev".into(),
+                kind: "pods".into(),
+            })
+            .inc_by(3);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "spinlink_agent_relays_total{account=\"dev\",verb=\"delete\",outcome=\"denied\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("spinlink_agent_events_total{account=\"dev\",kind=\"pods\"} 3"),
+            "{text}"
+        );
+    }
+}
