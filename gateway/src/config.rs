@@ -425,7 +425,10 @@ impl Config {
             ));
         }
         if self.insecure && l.proxy_protocol {
-            return Err(invalid("proxyProtocol", "not supported with `insecure: true`"));
+            return Err(invalid(
+                "proxyProtocol",
+                "not supported with `insecure: true`",
+            ));
         }
         for (key, value) in [
             ("proxyHeaderTimeoutSeconds", l.proxy_header_timeout_seconds),

@@ -7,13 +7,16 @@
 //! channel tokens ([`token`]) for the accounts the [`identity::Policy`] allows,
 //! `Cache` and `Relay` streams are checked against their token and carried byte
 //! for byte to the sidecar [`route`] picks, over the pooled HTTP/2 connections of
-//! [`upstream`]. [`admin`] holds the counters an admin port will export.
+//! [`upstream`]. [`tls`] reloads the listener's certificate from disk;
+//! [`admin`] holds the counters and serves them, with `/healthz` and `/readyz`,
+//! on the admin port. [`fuzz`] holds the bodies of the fuzz targets.
 //!
 //! Start with [`Gateway::bind`] and [`Config`].
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
+pub mod fuzz;
 mod gateway;
 pub mod identity;
 pub mod listener;
@@ -64,7 +67,8 @@ pub enum Error {
     /// A TLS certificate, key or bundle could not be loaded.
     #[error("TLS setup for {what}: {source}")]
     Tls {
-        /// Which TLS configuration failed (`tls`, `upstreamTls`).
+        /// Which TLS configuration failed (`upstreamTls`; the listener's
+        /// `tls` files are reported as [`Error::InvalidConfig`] naming the file).
         what: &'static str,
         /// The TLS error.
         #[source]

@@ -76,7 +76,7 @@ async fn unknown_method_is_unimplemented() {
     let err = grpc
         .unary::<HelloRequest, HelloResponse, _>(
             tonic::Request::new(HelloRequest::default()),
-            http::uri::PathAndQuery::from_static("/spinlink.v1.Tunnel/Control"),
+            http::uri::PathAndQuery::from_static("/spinlink.v1.Tunnel/Unknown"),
             tonic_prost::ProstCodec::default(),
         )
         .await

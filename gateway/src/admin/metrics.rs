@@ -45,11 +45,15 @@ pub enum Refusal {
     Policy,
     /// The connection was idle for `listener.idleTimeoutSeconds`.
     Idle,
+    /// The connection broke the HTTP/2 protocol: not HTTP/2 at all (e.g.
+    /// HTTP/1.1 on the HTTP/2 port), a bad preface or frame, or a peer that
+    /// stopped answering keepalive PINGs.
+    Protocol,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 15] = [
+    pub const ALL: [Refusal; 16] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::UntrustedProxy,
@@ -65,6 +69,7 @@ impl Refusal {
         Self::AccountOwned,
         Self::Policy,
         Self::Idle,
+        Self::Protocol,
     ];
 
     /// The label value.
@@ -85,6 +90,7 @@ impl Refusal {
             Self::AccountOwned => "account_owned",
             Self::Policy => "policy",
             Self::Idle => "idle",
+            Self::Protocol => "protocol",
         }
     }
 }
@@ -179,8 +185,12 @@ pub struct Metrics {
     pub draining: Gauge,
     /// How long the last drain took.
     pub drain_duration: FloatGauge,
-    /// Seconds until the serving certificate's notAfter.
+    /// Seconds until the serving certificate's notAfter, as of the last
+    /// reload check.
     pub cert_expiry: FloatGauge,
+    /// The serving certificate's notAfter, Unix seconds: never stale, for
+    /// alerts of the form `certificate_not_after_seconds - time() < 7d`.
+    pub cert_not_after: Gauge,
     /// Certificate reloads by result.
     pub cert_reloads: Family<ResultLabel, Counter>,
 }
@@ -202,6 +212,7 @@ impl Default for Metrics {
             draining: Gauge::default(),
             drain_duration: FloatGauge::default(),
             cert_expiry: FloatGauge::default(),
+            cert_not_after: Gauge::default(),
             cert_reloads: Family::default(),
         };
         // Metrics are handles onto shared cells: the clones registered here
@@ -264,6 +275,12 @@ impl Default for Metrics {
             "Time until the serving certificate's notAfter",
             Unit::Seconds,
             m.cert_expiry.clone(),
+        );
+        registry.register_with_unit(
+            "certificate_not_after",
+            "The serving certificate's notAfter as a Unix time",
+            Unit::Seconds,
+            m.cert_not_after.clone(),
         );
         registry.register(
             "certificate_reloads",

@@ -132,6 +132,11 @@ impl Stats {
         self.bump();
     }
 
+    /// Wakes [`Stats::wait_until`] waiters after a metric changed directly.
+    pub fn notify(&self) {
+        self.bump();
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|generation| *generation += 1);
     }

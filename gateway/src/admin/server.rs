@@ -36,6 +36,12 @@ impl AdminServer {
         Self { tcp, stats, ready }
     }
 
+    /// The same server answering `/readyz` from `ready`.
+    #[must_use]
+    pub fn with_ready(self, ready: watch::Receiver<bool>) -> Self {
+        Self { ready, ..self }
+    }
+
     /// The bound address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.tcp.local_addr()
@@ -143,7 +149,10 @@ mod tests {
             text.contains("spinlink_gateway_refusals_total{reason=\"max_connections\"} 1"),
             "{text}"
         );
-        assert!(text.contains("spinlink_gateway_tokens_issued_total 1"), "{text}");
+        assert!(
+            text.contains("spinlink_gateway_tokens_issued_total 1"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE spinlink_gateway_certificate_expiry_seconds gauge"));
         assert!(text.ends_with("# EOF\n"));
     }

@@ -1,53 +1,150 @@
-//! The agent listener: TCP (TCP_NODELAY) → mTLS (a client certificate from the
-//! configured CA bundle is required) → an HTTP/2 server per connection. After
-//! the handshake each connection is named — the identity from its leaf
-//! certificate and the binding from the TLS exporter — and every request on
-//! it goes to [`crate::tunnel::handle`] with that name.
+//! The agent listener. Per accepted TCP connection (TCP_NODELAY), in order:
 //!
-//! On shutdown the listener stops accepting, asks each connection to finish
-//! (HTTP/2 GOAWAY; in-flight streams go on), and closes whatever is still
-//! open when the grace period ends.
+//! 1. a slot of `listener.maxConnections`, held until the connection ends;
+//! 2. with `listener.proxyProtocol`, the PROXY v1/v2 header ([`proxy_protocol`])
+//!    from a `trustedProxies` address ([`cidr`]) within its timeout; the client
+//!    address it names is the one logs use from then on ([`read_proxy_header`]);
+//! 3. a token from the handshake bucket (`handshakesPerSecond`, reconnect
+//!    storms), then mTLS with the configuration current *now*
+//!    ([`crate::tls::ServerTls`], reloaded from disk) within
+//!    `handshakeTimeoutSeconds`;
+//! 4. the connection is named — identity from the leaf certificate, binding
+//!    from the TLS exporter — and served as HTTP/2; every request goes to
+//!    [`crate::tunnel::handle`] with that name.
+//!
+//! Every refusal is counted by reason ([`crate::admin::Refusal`]). A connection
+//! with no open stream for `idleTimeoutSeconds` is closed. Past its maximum
+//! age (with jitter) the agent gets `Reconnect{max-age}` on its `Control`
+//! stream and GOAWAY after the grace. On shutdown the listener stops accepting
+//! and every connection gets `Reconnect{draining}` and GOAWAY (in-flight
+//! streams go on) and is closed when the grace period ends.
 
 pub mod cidr;
 pub mod limits;
+pub mod prefixed;
 pub mod proxy_protocol;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use spinlink_tls::binding::{ConnectionBinding, connection_binding};
 use spinlink_tls::identity::{IdentitySource, identity_from_cert};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admin::Counter;
-use crate::tunnel::{self, ConnPeer, Shared};
+use self::cidr::Cidr;
+use self::limits::{Slots, TokenBucket};
+use self::prefixed::Prefixed;
+use self::proxy_protocol::{Parse, ProxyHeader};
+use crate::admin::{Counter, Refusal};
+use crate::config::ListenerConfig;
+use crate::tls::ServerTls;
+use crate::tunnel::{self, ConnPeer, ControlSlot, Shared};
 
-/// How long a TLS handshake may take before the connection is dropped.
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Interval of HTTP/2 PINGs to agents; well inside load balancers' idle cuts
 /// (AWS NLB: 350 s).
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a PING may go unanswered before the connection is closed.
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Streams one agent connection may have open at once (two per account).
-pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
+/// Largest request header block accepted (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE).
+/// Agents send a few short headers; this bounds what one stream can make the
+/// gateway hold before any check.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 /// Pause after a failed `accept` (e.g. out of file descriptors) before the
 /// next, so the loop does not spin.
 pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
+/// The listener's settings, resolved from [`ListenerConfig`].
+#[derive(Debug)]
+pub struct Settings {
+    proxy: Option<ProxySettings>,
+    handshake_timeout: Duration,
+    max_concurrent_streams: u32,
+    idle_timeout: Duration,
+    max_age: Option<MaxAge>,
+    connections: Arc<Slots<()>>,
+    handshakes: Mutex<TokenBucket>,
+    /// The shutdown grace, announced to agents in `Reconnect{draining}`.
+    drain_grace: Duration,
+}
+
+#[derive(Debug)]
+struct ProxySettings {
+    trusted: Vec<Cidr>,
+    required: bool,
+    timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct MaxAge {
+    age: Duration,
+    jitter_percent: u32,
+    grace: Duration,
+}
+
+impl MaxAge {
+    /// This connection's age limit: `age` ± up to `jitter_percent`.
+    fn pick(&self) -> Duration {
+        let j = f64::from(self.jitter_percent) / 100.0;
+        let factor = if j > 0.0 {
+            1.0 + rand::random_range(-j..=j)
+        } else {
+            1.0
+        };
+        self.age.mul_f64(factor)
+    }
+}
+
+impl Settings {
+    /// Settings from the (validated) `listener` section; `drain_grace` is the
+    /// shutdown grace period.
+    pub fn from_config(c: &ListenerConfig, drain_grace: Duration) -> Self {
+        let proxy = c.proxy_protocol.then(|| ProxySettings {
+            // Validated at load time; an entry that does not parse cannot get here.
+            trusted: c
+                .trusted_proxies
+                .iter()
+                .filter_map(|s| Cidr::parse(s).ok())
+                .collect(),
+            required: c.proxy_protocol_required,
+            timeout: Duration::from_secs(c.proxy_header_timeout_seconds),
+        });
+        let max_age = (c.max_connection_age_seconds > 0).then(|| MaxAge {
+            age: Duration::from_secs(c.max_connection_age_seconds),
+            jitter_percent: c.max_connection_age_jitter_percent,
+            grace: Duration::from_secs(c.max_connection_age_grace_seconds),
+        });
+        Self {
+            proxy,
+            handshake_timeout: Duration::from_secs(c.handshake_timeout_seconds),
+            max_concurrent_streams: c.max_concurrent_streams,
+            idle_timeout: Duration::from_secs(c.idle_timeout_seconds),
+            max_age,
+            connections: Slots::new(c.max_connections),
+            handshakes: Mutex::new(TokenBucket::new(
+                c.handshakes_per_second,
+                c.handshake_burst,
+                Instant::now(),
+            )),
+            drain_grace,
+        }
+    }
+}
+
 /// The bound agent listener.
 pub struct Listener {
     tcp: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
     sources: Arc<[IdentitySource]>,
     shared: Arc<Shared>,
+    settings: Arc<Settings>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -64,15 +161,17 @@ impl Listener {
     /// development listener.
     pub fn new(
         tcp: TcpListener,
-        tls: Option<TlsAcceptor>,
+        tls: Option<Arc<ServerTls>>,
         sources: Vec<IdentitySource>,
         shared: Arc<Shared>,
+        settings: Settings,
     ) -> Self {
         Self {
             tcp,
             tls,
             sources: sources.into(),
             shared,
+            settings: Arc::new(settings),
         }
     }
 
@@ -105,12 +204,14 @@ impl Listener {
                 tls: self.tls.clone(),
                 sources: self.sources.clone(),
                 shared: self.shared.clone(),
+                settings: self.settings.clone(),
                 remote,
                 shutdown: shutdown.clone(),
                 hard: hard.clone(),
             };
             connections.spawn(conn.serve(stream));
         }
+        let started = Instant::now();
         drop(self.tcp);
         connections.close();
         tracing::info!(
@@ -128,36 +229,148 @@ impl Listener {
             hard.cancel();
             connections.wait().await;
         }
+        self.shared
+            .stats
+            .metrics()
+            .drain_duration
+            .set(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Why reading the PROXY header ended the connection: a refusal to count, or
+/// `None` when the peer simply went away (load balancer TCP health checks).
+type ProxyOutcome = Result<(Bytes, SocketAddr), Option<Refusal>>;
+
+/// Reads what a PROXY-protocol listener expects at the start of a connection
+/// from `socket` (whose peer is `peer`): from a trusted proxy the header (or,
+/// unless required, none); from anyone else no header. Returns the bytes read
+/// past the header and the client's address.
+pub async fn read_proxy_header<S>(
+    socket: &mut S,
+    peer: SocketAddr,
+    trusted: &[Cidr],
+    required: bool,
+) -> ProxyOutcome
+where
+    S: AsyncRead + Unpin,
+{
+    let is_trusted = cidr::any_contains(trusted, peer.ip());
+    if !is_trusted && required {
+        return Err(Some(Refusal::UntrustedSource));
+    }
+    let mut buf = BytesMut::with_capacity(512);
+    let (header, len) = loop {
+        match proxy_protocol::parse(&buf) {
+            Ok(Parse::Incomplete) => {}
+            Ok(Parse::NotProxy) => break (None, 0),
+            Ok(Parse::Done { header, len }) => break (Some(header), len),
+            Err(_) => return Err(Some(Refusal::ProxyHeaderInvalid)),
+        }
+        if buf.len() >= proxy_protocol::V2_MAX_LEN {
+            return Err(Some(Refusal::ProxyHeaderInvalid));
+        }
+        match socket.read_buf(&mut buf).await {
+            Ok(0) | Err(_) if buf.is_empty() => return Err(None),
+            Ok(0) | Err(_) => return Err(Some(Refusal::ProxyHeaderInvalid)),
+            Ok(_) => {}
+        }
+    };
+    let rest = buf.freeze().slice(len..);
+    match (is_trusted, header) {
+        (true, Some(ProxyHeader::Proxied { source, .. })) => Ok((rest, source)),
+        (true, Some(ProxyHeader::Local | ProxyHeader::Unknown)) => Ok((rest, peer)),
+        (true, None) if required => Err(Some(Refusal::ProxyHeaderMissing)),
+        (false, Some(_)) => Err(Some(Refusal::UntrustedProxy)),
+        (_, None) => Ok((rest, peer)),
     }
 }
 
 struct Connection {
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ServerTls>>,
     sources: Arc<[IdentitySource]>,
     shared: Arc<Shared>,
+    settings: Arc<Settings>,
     remote: SocketAddr,
     shutdown: CancellationToken,
     hard: CancellationToken,
 }
 
+/// Keeps `connections_open` right however the connection ends.
+struct OpenGauge(Arc<crate::admin::Stats>);
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        self.0.metrics().connections_open.dec();
+        self.0.notify();
+    }
+}
+
 impl Connection {
-    async fn serve(self, stream: TcpStream) {
-        let remote = self.remote;
+    fn refuse(&self, reason: Refusal, remote: SocketAddr) {
+        self.shared.stats.refuse(reason);
+        tracing::warn!(%remote, peer = %self.remote, reason = reason.as_str(), "connection refused");
+    }
+
+    async fn serve(mut self, mut stream: TcpStream) {
+        let socket_peer = self.remote;
         if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(%remote, error = %e, "setting TCP_NODELAY failed");
+            tracing::debug!(remote = %socket_peer, error = %e, "setting TCP_NODELAY failed");
         }
-        let Some(acceptor) = self.tls.clone() else {
+        let Some(_slot) = self.settings.connections.try_take(()) else {
+            return self.refuse(Refusal::MaxConnections, socket_peer);
+        };
+        self.shared.stats.metrics().connections_open.inc();
+        let _open = OpenGauge(self.shared.stats.clone());
+
+        let stream = match &self.settings.proxy {
+            None => Prefixed::new(Bytes::new(), stream),
+            Some(proxy) => {
+                let read =
+                    read_proxy_header(&mut stream, socket_peer, &proxy.trusted, proxy.required);
+                match tokio::time::timeout(proxy.timeout, read).await {
+                    Ok(Ok((rest, client))) => {
+                        if client != socket_peer {
+                            tracing::debug!(remote = %client, proxy = %socket_peer, "PROXY header read");
+                        }
+                        // From here on, logs name the client, not the balancer.
+                        self.remote = client;
+                        Prefixed::new(rest, stream)
+                    }
+                    Ok(Err(Some(reason))) => return self.refuse(reason, socket_peer),
+                    Ok(Err(None)) => return,
+                    Err(_) => return self.refuse(Refusal::ProxyHeaderTimeout, socket_peer),
+                }
+            }
+        };
+        let remote = self.remote;
+
+        let Some(tls) = self.tls.clone() else {
             // Insecure listener: no TLS exporter, so a random value stands in
             // for the binding; tokens stay tied to this connection.
             let peer = ConnPeer {
                 identity: None,
                 binding: ConnectionBinding(rand::random()),
                 remote,
+                control: ControlSlot::default(),
             };
             return self.serve_h2(stream, peer).await;
         };
+        let admitted = self
+            .settings
+            .handshakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_take(Instant::now());
+        if !admitted {
+            return self.refuse(Refusal::HandshakeRate, remote);
+        }
+        // The configuration current now: a reload changes what the next
+        // handshake sees, never this one.
+        let acceptor = tls.acceptor();
         let tls =
-            match tokio::time::timeout(DEFAULT_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            match tokio::time::timeout(self.settings.handshake_timeout, acceptor.accept(stream))
+                .await
+            {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     self.shared.stats.incr(Counter::HandshakeFailures);
@@ -165,11 +378,11 @@ impl Connection {
                     return;
                 }
                 Err(_) => {
-                    self.shared.stats.incr(Counter::HandshakeFailures);
-                    tracing::warn!(%remote, "TLS handshake timed out");
-                    return;
+                    self.shared.stats.metrics().handshake(false);
+                    return self.refuse(Refusal::HandshakeTimeout, remote);
                 }
             };
+        self.shared.stats.metrics().handshake(true);
         let (_, server) = tls.get_ref();
         let identity = match server.peer_certificates().and_then(|certs| certs.first()) {
             Some(leaf) => identity_from_cert(leaf, &self.sources),
@@ -200,6 +413,7 @@ impl Connection {
             identity: Some(identity.into()),
             binding,
             remote,
+            control: ControlSlot::default(),
         };
         self.serve_h2(tls, peer).await;
     }
@@ -209,35 +423,157 @@ impl Connection {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let remote = peer.remote;
+        let control = peer.control.clone();
         let shared = self.shared.clone();
         let peer = Arc::new(peer);
+        // Streams open on this connection, for the idle timeout.
+        let (active, active_rx) = watch::channel(0usize);
+        let active = Arc::new(active);
         let service = hyper::service::service_fn(move |req| {
             let shared = shared.clone();
             let peer = peer.clone();
-            async move { Ok::<_, std::convert::Infallible>(tunnel::handle(shared, &peer, req).await) }
+            let guard = ActiveStream::new(active.clone());
+            async move {
+                let response = tunnel::handle(shared, &peer, req).await;
+                // The stream is open until its response body is done or dropped.
+                Ok::<_, std::convert::Infallible>(response.map(|body| {
+                    tonic::body::Body::new(GuardedBody {
+                        inner: body,
+                        _guard: guard,
+                    })
+                }))
+            }
         });
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
             .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
             .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
-            .max_concurrent_streams(DEFAULT_MAX_CONCURRENT_STREAMS);
+            .max_concurrent_streams(self.settings.max_concurrent_streams)
+            .max_header_list_size(MAX_HEADER_LIST_SIZE);
         let conn = builder.serve_connection(TokioIo::new(io), service);
         let mut conn = std::pin::pin!(conn);
+        let age = self.settings.max_age.map(|m| (m.pick(), m.grace));
+        let age_sleep = async {
+            match age {
+                Some((age, _)) => tokio::time::sleep(age).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut linger = None;
         let result = tokio::select! {
-            result = conn.as_mut() => result,
+            result = conn.as_mut() => Some(result),
             () = self.shutdown.cancelled() => {
+                tunnel::send_reconnect(&control, "draining", self.settings.drain_grace);
+                None
+            }
+            () = idle(active_rx, self.settings.idle_timeout) => {
+                self.shared.stats.refuse(Refusal::Idle);
+                tracing::info!(%remote, "agent connection idle; closing");
+                // A peer that never sent the HTTP/2 preface cannot take a
+                // GOAWAY; it gets one more timeout, then the socket closes.
+                linger = Some(self.settings.idle_timeout);
+                None
+            }
+            () = age_sleep => {
+                let grace = age.map_or(Duration::ZERO, |(_, g)| g);
+                tunnel::send_reconnect(&control, "max-age", grace);
+                tracing::info!(%remote, "agent connection at its maximum age; asked to reconnect");
+                // The agent moves first (make-before-break); GOAWAY after the grace.
+                tokio::select! {
+                    result = conn.as_mut() => Some(result),
+                    () = tokio::time::sleep(grace) => { linger = Some(grace); None }
+                    () = self.shutdown.cancelled() => None,
+                }
+            }
+        };
+        let result = match result {
+            Some(result) => result,
+            None => {
                 // GOAWAY: no new streams, the open ones run on.
                 conn.as_mut().graceful_shutdown();
+                let linger = async {
+                    match linger {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     result = conn.as_mut() => result,
                     () = self.hard.cancelled() => Ok(()),
+                    () = linger => Ok(()),
                 }
             }
         };
         match result {
             Ok(()) => tracing::debug!(%remote, "agent connection closed"),
-            Err(e) => tracing::info!(%remote, error = %e, "agent connection ended"),
+            Err(e) => {
+                self.shared.stats.refuse(Refusal::Protocol);
+                tracing::info!(%remote, error = %e, "agent connection ended");
+            }
         }
     }
 }
+
+/// Resolves once the connection has had no open stream for `timeout`.
+async fn idle(mut active: watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        let gone = active.wait_for(|n| *n == 0).await.is_err();
+        if gone {
+            return std::future::pending().await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(timeout) => return,
+            busy = async { active.wait_for(|n| *n > 0).await.is_err() } => {
+                if busy {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+}
+
+/// One open stream of a connection; dropping it closes it.
+struct ActiveStream(Arc<watch::Sender<usize>>);
+
+impl ActiveStream {
+    fn new(active: Arc<watch::Sender<usize>>) -> Self {
+        active.send_modify(|n| *n += 1);
+        Self(active)
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A response body that keeps its stream counted as open.
+struct GuardedBody {
+    inner: tonic::body::Body,
+    _guard: ActiveStream,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -201,7 +201,10 @@ impl ServerTls {
 
     /// The serving certificate's notAfter, Unix seconds.
     pub fn not_after(&self) -> i64 {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).not_after
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .not_after
     }
 
     /// Reads the files and puts new material in service when it changed and
@@ -209,6 +212,9 @@ impl ServerTls {
     pub fn reload(&self) -> Reload {
         let result = self.reload_inner();
         self.update_expiry();
+        if !matches!(result, Reload::Unchanged) {
+            self.stats.notify();
+        }
         result
     }
 
@@ -272,6 +278,7 @@ impl ServerTls {
             .metrics()
             .cert_expiry
             .set(self.not_after() as f64 - now);
+        self.stats.metrics().cert_not_after.set(self.not_after());
     }
 }
 
@@ -300,7 +307,10 @@ impl TlsReloader {
             // File reads and certificate parsing block; keep them off the
             // runtime's worker threads.
             let tls = self.tls.clone();
-            if tokio::task::spawn_blocking(move || tls.reload()).await.is_err() {
+            if tokio::task::spawn_blocking(move || tls.reload())
+                .await
+                .is_err()
+            {
                 tracing::warn!("TLS reload check panicked");
             }
         }

@@ -1,6 +1,8 @@
-//! `Hello`, answered by the gateway: for each account the agent offers, a
-//! channel token if the policy lets the agent's identity serve it, else a
-//! refusal with the reason. The other `Tunnel` methods never reach this
+//! `Hello` and `Control`, answered by the gateway. `Hello`: for each account
+//! the agent offers, a channel token if the policy lets the agent's identity
+//! serve it, else a refusal with the reason. `Control`: a server stream per
+//! connection on which the listener sends `Reconnect` when it drains or the
+//! connection reaches its maximum age. `Cache` and `Relay` never reach this
 //! service (the router sends them to the proxy) and answer `Unimplemented`.
 
 use std::collections::HashSet;
@@ -14,13 +16,18 @@ use spinlink_proto::v1::{
 };
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Shared;
-use crate::admin::Counter;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{ControlSlot, Shared};
+use crate::admin::{Counter, Refusal};
 use crate::identity::AgentPeer;
 use crate::token::Claims;
 
 /// Most accounts one `Hello` may offer: a bound on the work one request makes.
 pub const MAX_ACCOUNTS_PER_HELLO: usize = 10_000;
+/// Events queued on a `Control` stream; the gateway sends one `Reconnect` per
+/// connection, so a handful is plenty.
+pub const CONTROL_QUEUE: usize = 4;
 
 /// The `Tunnel` implementation that serves `Hello`.
 #[derive(Debug)]
@@ -43,6 +50,7 @@ impl HelloService {
     ) -> Result<HelloResponse, Status> {
         let shared = &self.shared;
         if request.accounts.len() > MAX_ACCOUNTS_PER_HELLO {
+            shared.stats.refuse(Refusal::HelloInvalid);
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_ACCOUNTS_PER_HELLO} accounts per Hello"
             )));
@@ -116,13 +124,19 @@ type Unserved<T> = futures::stream::Empty<Result<T, Status>>;
 
 #[tonic::async_trait]
 impl Tunnel for HelloService {
-    type ControlStream = Unserved<spinlink_proto::v1::ControlEvent>;
+    type ControlStream = ReceiverStream<Result<spinlink_proto::v1::ControlEvent, Status>>;
 
     async fn control(
         &self,
-        _request: Request<spinlink_proto::v1::ControlRequest>,
+        request: Request<spinlink_proto::v1::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
-        Err(Status::unimplemented("Control is not served yet"))
+        let Some(slot) = request.extensions().get::<ControlSlot>().cloned() else {
+            return Err(Status::unavailable("no connection to signal on"));
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        tracing::debug!(agent_id = %request.get_ref().agent_id, "control stream open");
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn hello(
@@ -183,6 +197,7 @@ mod tests {
             token_ttl: Duration::from_secs(60),
             upstreams: Vec::new(),
             stats: Arc::new(Stats::default()),
+            limits: crate::tunnel::TunnelLimits::default(),
         }))
     }
 

@@ -3,7 +3,9 @@
 //! upstream; then the stream is carried byte for byte (no protobuf decoding)
 //! to the sidecar [`crate::route`] picks, with the gateway's verified headers
 //! in place of anything the agent claimed. The response — status, headers,
-//! streaming body and trailers — goes back as the sidecar sent it.
+//! streaming body and trailers — goes back as the sidecar sent it. Each
+//! carried stream holds one of its identity's `listener.maxStreamsPerIdentity`
+//! slots until its response body ends or is dropped.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -22,8 +24,10 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::{Shared, status};
-use crate::admin::Counter;
+use crate::admin::metrics::UpstreamLabel;
+use crate::admin::{Counter, Refusal, Stats};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
+use crate::listener::limits::Slot;
 use crate::route;
 use crate::token::Claims;
 use crate::upstream::{BoxError, RequestBody, Target};
@@ -78,6 +82,23 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
         return refuse(shared, peer, &account, &method, &refused.to_string());
     }
 
+    let Some(slot) = shared
+        .limits
+        .identity_streams
+        .try_take(peer.identity.clone())
+    else {
+        shared.stats.refuse(Refusal::IdentityStreams);
+        tracing::warn!(
+            identity,
+            account,
+            method,
+            "stream refused: identity stream limit"
+        );
+        return status::response(Status::resource_exhausted(
+            "this identity has too many streams open",
+        ));
+    };
+
     let Some(upstream) = route::choose(shared.upstreams.iter().map(|u| u.target().url()), &account)
         .and_then(|i| shared.upstreams.get(i))
     else {
@@ -103,11 +124,21 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
                 "stream forwarded"
             );
             let url = upstream.target().url().to_owned();
+            let label = UpstreamLabel {
+                upstream: url.clone(),
+            };
+            let metrics = shared.stats.metrics();
+            metrics.streams.get_or_create(&label).inc();
+            metrics.streams_open.get_or_create(&label).inc();
+            let stats = shared.stats.clone();
             response.map(|body| {
                 Body::new(UpstreamBody {
                     inner: body,
                     url,
                     failed: false,
+                    stats,
+                    label,
+                    _slot: slot,
                 })
             })
         }
@@ -215,6 +246,20 @@ struct UpstreamBody {
     inner: Incoming,
     url: String,
     failed: bool,
+    stats: std::sync::Arc<Stats>,
+    label: UpstreamLabel,
+    _slot: Slot<std::sync::Arc<str>>,
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        self.stats
+            .metrics()
+            .streams_open
+            .get_or_create(&self.label)
+            .dec();
+        self.stats.notify();
+    }
 }
 
 impl http_body::Body for UpstreamBody {
@@ -229,7 +274,12 @@ impl http_body::Body for UpstreamBody {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.stats.metrics().carried(false, data.len() as u64);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
             Poll::Ready(Some(Err(e))) => {
                 self.failed = true;
                 tracing::info!(upstream = %self.url, error = %e, "upstream stream broke");

@@ -270,6 +270,7 @@ impl FakeSidecar {
 /// A running gateway.
 pub struct RunningGateway {
     pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<spinlink_gateway::Result<()>>,
@@ -301,11 +302,13 @@ pub async fn start_gateway(yaml: &str) -> RunningGateway {
     let config = Config::from_yaml_str(yaml, "test.yaml").unwrap();
     let gateway = Gateway::bind(config).await.unwrap();
     let addr = gateway.local_addr();
+    let admin = gateway.admin_addr();
     let stats = gateway.stats();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(gateway.run(shutdown.clone()));
     RunningGateway {
         addr,
+        admin,
         stats,
         shutdown,
         task,
@@ -421,5 +424,88 @@ pub async fn next_ack(down: &mut Streaming<CacheDown>) -> Result<u64, Status> {
     match msg.msg {
         Some(cache_down::Msg::Ack(Ack { seq })) => Ok(seq),
         other => Err(Status::unknown(format!("not an ack: {other:?}"))),
+    }
+}
+
+/// A TLS connection over `tcp` presenting agent `name`'s certificate
+/// (`agent-a1`), offering h2.
+pub async fn agent_tls_over(
+    tcp: TcpStream,
+    pki: &DevPki,
+    name: &str,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let ca = pki.ca_cert();
+    let (cert, key) = (pki.cert(name), pki.key(name));
+    let config = client_config(
+        ClientFiles {
+            ca: &ca,
+            identity: Some((&cert, &key)),
+        },
+        &[ALPN_H2],
+    )?;
+    tcp.set_nodelay(true)?;
+    Ok(TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into()?, tcp)
+        .await?)
+}
+
+/// A tonic channel for agent a1 over `tcp` (already connected, perhaps with
+/// a PROXY header written).
+pub async fn agent_a1_over(tcp: TcpStream, pki: &DevPki) -> anyhow::Result<Channel> {
+    let tls = agent_tls_over(tcp, pki, "agent-a1").await?;
+    one_connection_channel(TokioIo::new(tls)).await
+}
+
+/// `GET path` on a plain HTTP/1.1 port: status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(WAIT, tcp.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Waits until `stats` count at least `n` refusals for `reason`.
+pub async fn wait_refusals(stats: &Stats, reason: spinlink_gateway::admin::Refusal, n: u64) {
+    tokio::time::timeout(
+        WAIT,
+        stats.wait_until(|s| s.metrics().refusals(reason) >= n),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no {n} refusals for {reason:?}: {}",
+            stats.metrics().refusals(reason)
+        )
+    });
+}
+
+/// Whether the peer closed `tcp` (EOF or reset) within [`WAIT`].
+pub async fn closed_by_peer<S: tokio::io::AsyncRead + Unpin>(tcp: &mut S) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(WAIT, tcp.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
     }
 }

@@ -1,0 +1,201 @@
+//! Fuzz target bodies: one plain function per parser of network input, each
+//! asserting what must hold for *any* bytes (no panic, plus the invariants
+//! named on each). `gateway/fuzz` (cargo-fuzz) calls them with libFuzzer's
+//! inputs; the unit tests below call them with a bounded number of proptest
+//! inputs, so CI exercises the same bodies on a stable toolchain.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+use spinlink_proto::v1::HelloRequest;
+use spinlink_tls::binding::ConnectionBinding;
+
+use crate::admin::Stats;
+use crate::config::PolicyRule;
+use crate::identity::{AgentPeer, Policy};
+use crate::listener::proxy_protocol::{self, Parse};
+use crate::token::{Claims, TokenKey};
+use crate::tunnel::hello::{HelloService, MAX_ACCOUNTS_PER_HELLO};
+use crate::tunnel::{Shared, TunnelLimits};
+
+/// The PROXY header parser: never panics; a complete header's length is
+/// within the input and at most the version's bound; the header alone parses
+/// to the same result, and so does the header with anything after it.
+pub fn proxy_header(data: &[u8]) {
+    let Ok(parsed) = proxy_protocol::parse(data) else {
+        return;
+    };
+    if let Parse::Done { header, len } = parsed {
+        assert!(len > 0 && len <= data.len(), "len {len} of {}", data.len());
+        assert!(len <= proxy_protocol::V2_MAX_LEN);
+        assert_eq!(
+            proxy_protocol::parse(&data[..len]),
+            Ok(Parse::Done { header, len })
+        );
+    }
+}
+
+fn key() -> &'static TokenKey {
+    static KEY: OnceLock<TokenKey> = OnceLock::new();
+    KEY.get_or_init(|| TokenKey::generate().expect("system random"))
+}
+
+/// The channel token codec: any presented text is refused (nobody forges a
+/// token without the key), without a panic; a token issued for claims derived
+/// from the input verifies for exactly those claims and not for another
+/// account or connection.
+pub fn token(data: &[u8]) {
+    let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let binding = ConnectionBinding([0x5a; 32]);
+    let text = String::from_utf8_lossy(data);
+    let (identity, account) = text.split_once('\n').unwrap_or((&text, "acct"));
+    let claims = Claims {
+        binding: &binding,
+        identity,
+        account,
+    };
+    assert!(key().verify(&text, claims, now).is_err());
+    let (issued, expiry) = key()
+        .issue(claims, now, Duration::from_secs(60))
+        .expect("issue");
+    assert_eq!(key().verify(issued.expose(), claims, now), Ok(expiry));
+    let other_account = format!("{account}x");
+    let other = Claims {
+        account: &other_account,
+        ..claims
+    };
+    assert!(key().verify(issued.expose(), other, now).is_err());
+    let other_binding = ConnectionBinding([0xa5; 32]);
+    let other = Claims {
+        binding: &other_binding,
+        ..claims
+    };
+    assert!(key().verify(issued.expose(), other, now).is_err());
+}
+
+fn hello_service() -> &'static HelloService {
+    static SERVICE: OnceLock<HelloService> = OnceLock::new();
+    SERVICE.get_or_init(|| {
+        let policy = Policy::compile(&[PolicyRule {
+            identities: vec!["spiffe://fuzz/*".into()],
+            accounts: vec!["dev-*".into(), "a*".into()],
+        }])
+        .expect("policy");
+        HelloService::new(Arc::new(Shared {
+            gateway_id: "fuzz".into(),
+            policy,
+            tokens: TokenKey::generate().expect("system random"),
+            token_ttl: Duration::from_secs(60),
+            upstreams: Vec::new(),
+            stats: Arc::new(Stats::default()),
+            limits: TunnelLimits::default(),
+        }))
+    })
+}
+
+/// `Hello` decoding and validation: any bytes either fail to decode or get an
+/// answer (or a status) without a panic; every offered account is either
+/// granted or refused, never dropped; no account is granted twice.
+pub fn hello(data: &[u8]) {
+    let Ok(request) = HelloRequest::decode(data) else {
+        return;
+    };
+    let peer = AgentPeer {
+        identity: "spiffe://fuzz/agent".into(),
+        binding: ConnectionBinding([1; 32]),
+        remote: ([127, 0, 0, 1], 1).into(),
+    };
+    match hello_service().answer(&peer, &request, SystemTime::now()) {
+        Ok(response) => {
+            assert_eq!(
+                response.granted.len() + response.refused.len(),
+                request.accounts.len()
+            );
+            // One token per account; a granted name is refused again only as
+            // a repeat of itself.
+            let mut granted = std::collections::HashSet::new();
+            for g in &response.granted {
+                assert!(granted.insert(g.account.as_str()), "granted twice");
+            }
+            for r in &response.refused {
+                if granted.contains(r.account.as_str()) {
+                    assert!(r.reason.contains("offered twice"), "{}", r.reason);
+                }
+            }
+        }
+        Err(_) => assert!(request.accounts.len() > MAX_ACCOUNTS_PER_HELLO),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn proxy_header_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            proxy_header(&data);
+        }
+
+        #[test]
+        fn proxy_header_after_a_signature(
+            v2 in any::<bool>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            // Random bytes rarely start with a signature; these always do.
+            let mut data = if v2 {
+                proxy_protocol::V2_SIGNATURE.to_vec()
+            } else {
+                b"PROXY TCP4 ".to_vec()
+            };
+            data.extend_from_slice(&tail);
+            proxy_header(&data);
+        }
+
+        #[test]
+        fn token_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..120)) {
+            token(&data);
+        }
+
+        #[test]
+        fn hello_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            hello(&data);
+        }
+
+        #[test]
+        fn hello_any_accounts(names in proptest::collection::vec("[a-z\\-]{0,8}", 0..20)) {
+            let request = HelloRequest {
+                agent_id: "a".into(),
+                agent_version: "v".into(),
+                accounts: names
+                    .into_iter()
+                    .map(|name| spinlink_proto::v1::AccountInfo { name, ..Default::default() })
+                    .collect(),
+            };
+            hello(&request.encode_to_vec());
+        }
+    }
+
+    #[test]
+    fn a_repeated_account_passes_the_checks() {
+        let account = |name: &str| spinlink_proto::v1::AccountInfo {
+            name: name.into(),
+            ..Default::default()
+        };
+        let request = HelloRequest {
+            accounts: vec![account("dev-1"), account("dev-1"), account("prod")],
+            ..Default::default()
+        };
+        hello(&request.encode_to_vec());
+    }
+
+    #[test]
+    fn a_valid_v1_header_passes_the_checks() {
+        proxy_header(b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\nrest");
+    }
+}

@@ -1,0 +1,222 @@
+//! The listener's limits, each refused and counted by reason: open
+//! connections, the handshake admission rate, the handshake timeout, the
+//! per-identity `Hello` rate, the `Hello` size, carried streams per identity,
+//! streams per connection, and idle connections.
+
+mod common;
+
+use common::*;
+use spinlink_gateway::admin::Refusal;
+use spinlink_proto::v1::tunnel_client::TunnelClient;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+async fn gateway(pki: &spinlink_tls::dev::DevPki, sidecar: &str, listener: &str) -> RunningGateway {
+    start_gateway(&tls_gateway_yaml(
+        pki,
+        &format!("upstreams: [{{url: '{sidecar}'}}]\nlistener:\n{listener}"),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn connections_past_the_maximum_are_closed() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "http://127.0.0.1:9", "  maxConnections: 1\n").await;
+    let first = agent_a1(gw.addr, &pki.pki).await;
+    hello(&first, &["dev-1"]).await.unwrap();
+    let mut second = TcpStream::connect(gw.addr).await.unwrap();
+    assert!(closed_by_peer(&mut second).await);
+    wait_refusals(&gw.stats, Refusal::MaxConnections, 1).await;
+    // The first is unaffected; once it goes, its slot is free again.
+    hello(&first, &["dev-1"]).await.unwrap();
+    drop(first);
+    tokio::time::timeout(
+        WAIT,
+        gw.stats
+            .wait_until(|s| s.metrics().connections_open.get() == 0),
+    )
+    .await
+    .unwrap();
+    let third = agent_a1(gw.addr, &pki.pki).await;
+    hello(&third, &["dev-1"]).await.unwrap();
+}
+
+#[tokio::test]
+async fn handshakes_past_the_rate_are_refused() {
+    let pki = pki();
+    let gw = gateway(
+        &pki.pki,
+        "http://127.0.0.1:9",
+        "  handshakesPerSecond: 0.001\n  handshakeBurst: 2\n",
+    )
+    .await;
+    for _ in 0..2 {
+        let c = agent_a1(gw.addr, &pki.pki).await;
+        hello(&c, &["dev-1"]).await.unwrap();
+    }
+    let storm = agent_channel(
+        gw.addr,
+        &pki.pki,
+        Some((&pki.pki.cert("agent-a1"), &pki.pki.key("agent-a1"))),
+    )
+    .await;
+    assert!(storm.is_err(), "third handshake admitted");
+    wait_refusals(&gw.stats, Refusal::HandshakeRate, 1).await;
+}
+
+#[tokio::test]
+async fn stalled_handshakes_time_out() {
+    let pki = pki();
+    let gw = gateway(
+        &pki.pki,
+        "http://127.0.0.1:9",
+        "  handshakeTimeoutSeconds: 1\n",
+    )
+    .await;
+    // Silent after connecting, and a ClientHello that stops halfway.
+    let mut silent = TcpStream::connect(gw.addr).await.unwrap();
+    let mut half = TcpStream::connect(gw.addr).await.unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .unwrap();
+    assert!(closed_by_peer(&mut silent).await);
+    assert!(closed_by_peer(&mut half).await);
+    wait_refusals(&gw.stats, Refusal::HandshakeTimeout, 2).await;
+    tokio::time::timeout(
+        WAIT,
+        gw.stats
+            .wait_until(|s| s.metrics().connections_open.get() == 0),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn hello_rate_is_per_identity() {
+    let pki = pki();
+    let gw = gateway(
+        &pki.pki,
+        "http://127.0.0.1:9",
+        "  helloPerSecond: 0.001\n  helloBurst: 2\n",
+    )
+    .await;
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    hello(&a1, &["dev-1"]).await.unwrap();
+    // A second connection of the same identity shares the budget.
+    let a1_again = agent_a1(gw.addr, &pki.pki).await;
+    hello(&a1_again, &["dev-1"]).await.unwrap();
+    let refused = hello(&a1, &["dev-1"]).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HelloRate), 1);
+    // Another identity has its own.
+    let a2 = agent_channel(
+        gw.addr,
+        &pki.pki,
+        Some((&pki.pki.cert("agent-a2"), &pki.pki.key("agent-a2"))),
+    )
+    .await
+    .unwrap();
+    hello(&a2, &["dev-2"]).await.unwrap();
+}
+
+#[tokio::test]
+async fn oversized_hello_is_refused() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "http://127.0.0.1:9", "  maxHelloBytes: 1024\n").await;
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    let long = "x".repeat(2000);
+    let refused = hello(&a1, &[&long]).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HelloTooLarge), 1);
+    hello(&a1, &["dev-1"]).await.unwrap();
+}
+
+#[tokio::test]
+async fn carried_streams_per_identity_are_bounded() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = gateway(&pki.pki, &sidecar.url(), "  maxStreamsPerIdentity: 1\n").await;
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    let t1 = token_for(&a1, "dev-1").await;
+    let (tx1, mut down1) = open_cache(&a1, |s| with_metadata(s, "dev-1", &t1))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down1).await.unwrap(), 1);
+
+    // Another connection of the same identity counts against the same budget.
+    let again = agent_a1(gw.addr, &pki.pki).await;
+    let t2 = token_for(&again, "dev-2").await;
+    let refused = open_cache(&again, |s| with_metadata(s, "dev-2", &t2))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(gw.stats.metrics().refusals(Refusal::IdentityStreams), 1);
+
+    // The first stream ends; its slot is given back.
+    drop((tx1, down1));
+    tokio::time::timeout(
+        WAIT,
+        gw.stats.wait_until(|s| {
+            s.metrics()
+                .streams_open
+                .get(&spinlink_gateway::admin::metrics::UpstreamLabel {
+                    upstream: sidecar.url(),
+                })
+                .is_some_and(|g| g.get() == 0)
+        }),
+    )
+    .await
+    .unwrap();
+    let (_tx, mut down) = open_cache(&again, |s| with_metadata(s, "dev-2", &t2))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn streams_per_connection_are_bounded() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = gateway(&pki.pki, &sidecar.url(), "  maxConcurrentStreams: 1\n").await;
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    let t1 = token_for(&a1, "dev-1").await;
+    let (tx1, mut down1) = open_cache(&a1, |s| with_metadata(s, "dev-1", &t1))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down1).await.unwrap(), 1);
+    // The one stream this connection may have is taken: a second waits for it.
+    let mut second = Box::pin(hello(&a1, &["dev-2"]));
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), &mut second)
+            .await
+            .is_err(),
+        "a second concurrent stream was served"
+    );
+    drop((tx1, down1));
+    tokio::time::timeout(WAIT, second).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_but_control_keeps_them() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "http://127.0.0.1:9", "  idleTimeoutSeconds: 1\n").await;
+    // No stream at all: closed.
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let mut idle = agent_tls_over(tcp, &pki.pki, "agent-a1").await.unwrap();
+    assert!(closed_by_peer(&mut idle).await);
+    wait_refusals(&gw.stats, Refusal::Idle, 1).await;
+
+    // An open Control stream is activity: the connection stays past the timeout.
+    let busy = agent_a1(gw.addr, &pki.pki).await;
+    let _control = TunnelClient::new(busy.clone())
+        .control(spinlink_proto::v1::ControlRequest {
+            agent_id: "a1".into(),
+        })
+        .await
+        .unwrap();
+    let idle_before = gw.stats.metrics().refusals(Refusal::Idle);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(gw.stats.metrics().refusals(Refusal::Idle), idle_before);
+    hello(&busy, &["dev-1"]).await.unwrap();
+}
