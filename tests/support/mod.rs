@@ -197,7 +197,23 @@ impl Kubectl {
                 .write_all(input.as_bytes())
                 .unwrap();
         }
-        child.wait_with_output().unwrap()
+        // A kubectl that hangs (a watch that never ends) fails the test
+        // here, naming the command, instead of at the test runner's timeout.
+        let pid = child.id();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if done_rx.recv_timeout(WAIT).is_err() {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        });
+        let started = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        let _ = done_tx.send(());
+        assert!(
+            started.elapsed() < WAIT,
+            "kubectl {args:?} did not finish within {WAIT:?}; killed"
+        );
+        out
     }
 
     /// Runs kubectl and returns stdout, panicking with stderr on failure.
