@@ -910,6 +910,74 @@ fn agent_config_from_the_chart_loads_in_the_binary() {
     }
 }
 
+/// The agent's probes reach the port its config serves the admin API on.
+fn check_agent_probes(config: &Value, deployment: &Value) -> Result<(), String> {
+    let listen = config["admin"]["listen"]
+        .as_str()
+        .ok_or("the agent config has no admin.listen")?;
+    let port: u64 = listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("admin.listen {listen:?} has no port"))?;
+    let agent = container(deployment, "agent");
+    let declared = agent["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "admin"))
+        .and_then(|p| p["containerPort"].as_u64());
+    if declared != Some(port) {
+        return Err(format!("admin containerPort {declared:?}, config listens on {port}"));
+    }
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &agent[probe]["httpGet"];
+        if get["path"] != path || get["port"] != "admin" {
+            return Err(format!("{probe} is {get}, want {path} on the admin port"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn agent_probes_reach_the_admin_port_the_config_opens() {
+    for values in ci_values("spinlink-agent") {
+        let objects = render("spinlink-agent", &values);
+        let config: Value = serde_norway::from_str(
+            one(&objects, "ConfigMap", "-config")["data"]["agent.yaml"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let deployment = one(&objects, "Deployment", "agent");
+        check_agent_probes(&config, deployment)
+            .unwrap_or_else(|e| panic!("{}: {e}", values.display()));
+    }
+    for overlay in overlays() {
+        let objects = kustomize(&overlay).unwrap();
+        let Some(deployment) = find(&objects, "Deployment")
+            .into_iter()
+            .find(|d| name(d).contains("agent"))
+        else {
+            continue;
+        };
+        let config: Value = serde_norway::from_str(
+            find(&objects, "ConfigMap")
+                .into_iter()
+                .find_map(|c| c["data"]["agent.yaml"].as_str())
+                .unwrap(),
+        )
+        .unwrap();
+        check_agent_probes(&config, deployment)
+            .unwrap_or_else(|e| panic!("{}: {e}", overlay.display()));
+    }
+    // And the check can fail.
+    let objects = render("spinlink-agent", &chart_dir("spinlink-agent").join("ci/agent-watch-only.yaml"));
+    let deployment = one(&objects, "Deployment", "agent");
+    let wrong: Value = serde_norway::from_str("admin: {listen: '0.0.0.0:9999'}").unwrap();
+    assert!(check_agent_probes(&wrong, deployment).is_err());
+    let none: Value = serde_norway::from_str("agentId: x").unwrap();
+    assert!(check_agent_probes(&none, deployment).is_err());
+}
+
 #[test]
 fn agent_check_config_refuses_keys_it_does_not_know() {
     let values = chart_dir("spinlink-agent").join("ci/agent-watch-only.yaml");
