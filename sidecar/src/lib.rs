@@ -176,7 +176,12 @@ impl Sidecar {
             &advertise,
             Duration::from_secs(self.config.ownership.lease_seconds),
         );
-        let owning = tokio::spawn(ownership.clone().run(self.accounts.clone(), shutdown.clone()));
+        let registered = ownership.register().await;
+        let owning = tokio::spawn(ownership.clone().run(
+            self.accounts.clone(),
+            registered,
+            shutdown.clone(),
+        ));
         let service =
             tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), shutdown.clone())
                 .with_ownership(ownership.clone());

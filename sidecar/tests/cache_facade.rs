@@ -253,6 +253,7 @@ async fn streams_are_checked() -> anyhow::Result<()> {
         cache_up::Msg::Open(v1::CacheOpen {
             account: "other".into(),
             agent_id: "x".into(),
+            ca_fingerprint: String::new(),
         }),
     ] {
         let (tx, rx) = tokio::sync::mpsc::channel(1);

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use futures::StreamExt as _;
 use serde_json::json;
 
 fn pod(name: &str) -> serde_json::Value {
@@ -69,4 +70,36 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
     assert_eq!(now.json()["items"][0]["metadata"]["name"], "web-2");
     drop(cache_b);
     b.stop().await
+}
+
+#[tokio::test]
+async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let open = |fingerprint: &str| spinlink_proto::v1::CacheUp {
+        seq: 1,
+        msg: Some(spinlink_proto::v1::cache_up::Msg::Open(spinlink_proto::v1::CacheOpen {
+            account: "prod".into(),
+            agent_id: "test".into(),
+            ca_fingerprint: fingerprint.into(),
+        })),
+    };
+    let first = client
+        .cache(with_headers(futures::stream::iter([open("aa11")]).chain(futures::stream::pending()), "prod"))
+        .await;
+    assert!(first.is_ok());
+    let second = client
+        .cache(with_headers(futures::stream::iter([open("bb22")]), "prod"))
+        .await
+        .err()
+        .expect("a second cluster under the same name was accepted");
+    assert_eq!(second.code(), tonic::Code::FailedPrecondition);
+    assert!(second.message().contains("another cluster"), "{}", second.message());
+    // The same cluster again is fine.
+    let again = client
+        .cache(with_headers(futures::stream::iter([open("aa11")]).chain(futures::stream::pending()), "prod"))
+        .await;
+    assert!(again.is_ok());
+    drop((first, again));
+    sidecar.stop().await
 }

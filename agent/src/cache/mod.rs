@@ -91,6 +91,7 @@ pub async fn run(
         msg: Some(cache_up::Msg::Open(v1::CacheOpen {
             account: account.clone(),
             agent_id: session.agent_id().to_owned(),
+            ca_fingerprint: cluster.ca_fingerprint.clone(),
         })),
     };
     let outbound = futures::stream::iter([open]).chain(outbox.clone().stream_from(baseline));

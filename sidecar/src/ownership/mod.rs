@@ -186,26 +186,46 @@ impl Ownership {
         }
     }
 
-    /// Registers this instance and keeps the leases of its accounts until
-    /// `shutdown`, then releases them so another instance can take over at
-    /// once.
-    pub async fn run(self: Arc<Self>, accounts: Accounts, shutdown: CancellationToken) {
+    /// Records where this instance's facade answers, so others can forward
+    /// to it; returns whether the store took it. Called before the sidecar
+    /// serves, and again by [`Ownership::run`] until it succeeds.
+    pub async fn register(&self) -> bool {
+        match self
+            .store
+            .register_instance(&self.instance, &self.facade_url)
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "registering this instance failed");
+                false
+            }
+        }
+    }
+
+    /// Keeps the leases of this instance's accounts until `shutdown`, then
+    /// releases them so another instance can take over at once.
+    /// `registered` says whether [`Ownership::register`] already succeeded.
+    pub async fn run(
+        self: Arc<Self>,
+        accounts: Accounts,
+        mut registered: bool,
+        shutdown: CancellationToken,
+    ) {
         let every = (self.lease / 3).max(Duration::from_millis(100));
-        let mut registered = false;
         loop {
             if !registered {
-                match self
-                    .store
-                    .register_instance(&self.instance, &self.facade_url)
-                    .await
-                {
-                    Ok(()) => registered = true,
-                    Err(e) => tracing::warn!(error = %e, "registering this instance failed"),
-                }
+                registered = self.register().await;
             }
             for account in accounts.all() {
                 match account.presence() {
-                    Presence::Removed => self.release(account.name()).await,
+                    Presence::Removed => {
+                        self.release(account.name()).await;
+                        // Removed: the name is free for another cluster.
+                        if let Err(e) = self.store.clear_fingerprint(account.name()).await {
+                            tracing::warn!(account = account.name(), error = %e, "clearing the cluster fingerprint failed");
+                        }
+                    }
                     // A stale account's lease lapses on its own, so the
                     // instance its agent reconnects to can take it over;
                     // until then this one serves its cached reads.

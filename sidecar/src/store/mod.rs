@@ -313,6 +313,42 @@ impl Store {
         })
     }
 
+    /// Records that `account` names the cluster whose CA has `fingerprint`.
+    /// Returns the fingerprint already held when it is a different cluster
+    /// (`Some`), else records it (`None`). An empty fingerprint (unknown)
+    /// neither conflicts nor is recorded; an account row is created if
+    /// missing.
+    pub async fn claim_fingerprint(&self, account: &str, fingerprint: &str) -> Result<Option<String>> {
+        if fingerprint.is_empty() {
+            return Ok(None);
+        }
+        let now = now_millis();
+        // Sets it when none is held, keeps it when it is the same; either
+        // way returns what is held afterwards.
+        let sql = "INSERT INTO accounts (name, agent_identity, state, first_seen, last_seen, ca_fingerprint)
+             VALUES ($1, '', 'offline', $2, $2, $3)
+             ON CONFLICT(name) DO UPDATE SET
+               ca_fingerprint = CASE WHEN accounts.ca_fingerprint = ''
+                                     THEN excluded.ca_fingerprint
+                                     ELSE accounts.ca_fingerprint END
+             RETURNING ca_fingerprint";
+        let held: String = with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).bind(now).bind(fingerprint)
+                .fetch_one(pool).await?.try_get("ca_fingerprint")?
+        });
+        Ok((held != fingerprint).then_some(held))
+    }
+
+    /// Forgets the cluster `account` named (it was removed), so the name may
+    /// be used for another cluster.
+    pub async fn clear_fingerprint(&self, account: &str) -> Result<()> {
+        let sql = "UPDATE accounts SET ca_fingerprint = '' WHERE name = $1";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).execute(pool).await?;
+        });
+        Ok(())
+    }
+
     /// Takes or renews the lease on `account` for `owner` until `ttl` from
     /// now. A free or expired lease is taken with the next epoch; the
     /// owner's own lease is renewed with the same epoch; anyone else's

@@ -237,3 +237,31 @@ async fn instances_are_registered_and_found() {
     }
     engines.done().await;
 }
+
+#[tokio::test]
+async fn one_account_name_names_one_cluster() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        assert_eq!(store.claim_fingerprint("prod", "").await.unwrap(), None, "{e}");
+        assert_eq!(store.claim_fingerprint("prod", "aaaa").await.unwrap(), None, "{e}");
+        assert_eq!(store.claim_fingerprint("prod", "aaaa").await.unwrap(), None, "{e}");
+        assert_eq!(
+            store.claim_fingerprint("prod", "bbbb").await.unwrap().as_deref(),
+            Some("aaaa"),
+            "{e}"
+        );
+        // Unknown fingerprints neither conflict nor overwrite.
+        assert_eq!(store.claim_fingerprint("prod", "").await.unwrap(), None, "{e}");
+        // The row keeps its other fields when the stream records them.
+        store.upsert_account("prod", "id", AccountState::Online).await.unwrap();
+        assert_eq!(
+            store.claim_fingerprint("prod", "bbbb").await.unwrap().as_deref(),
+            Some("aaaa"),
+            "{e}"
+        );
+        store.clear_fingerprint("prod").await.unwrap();
+        assert_eq!(store.claim_fingerprint("prod", "bbbb").await.unwrap(), None, "{e}");
+    }
+    engines.done().await;
+}

@@ -67,6 +67,11 @@ impl TunnelService {
     }
 }
 
+/// The first 16 hex digits of a fingerprint, for messages.
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..16).unwrap_or(fingerprint)
+}
+
 fn header(md: &MetadataMap, name: &str) -> Result<String, Status> {
     md.get(name)
         .and_then(|v| v.to_str().ok())
@@ -129,9 +134,31 @@ impl Tunnel for TunnelService {
         let (name, identity) = verified(request.metadata())?;
         let mut inbound = request.into_inner();
         let open = first(&mut inbound).await?;
-        match &open.msg {
-            Some(cache_up::Msg::Open(o)) => check_open(&o.account, &name)?,
+        let fingerprint = match &open.msg {
+            Some(cache_up::Msg::Open(o)) => {
+                check_open(&o.account, &name)?;
+                o.ca_fingerprint.clone()
+            }
             _ => return Err(Status::invalid_argument("the first message must be open")),
+        };
+        // One name, one cluster: an account already held for a cluster with
+        // another CA is refused, loudly, rather than mixing two clusters.
+        match self.store.claim_fingerprint(&name, &fingerprint).await {
+            Ok(None) => {}
+            Ok(Some(held)) => {
+                let message = format!(
+                    "account {name:?} is already held for another cluster (CA fingerprint {} \
+                     here, {} from agent {identity}); rename one of the accounts",
+                    short(&held),
+                    short(&fingerprint)
+                );
+                tracing::error!(account = %name, agent = %identity, held = %held, offered = %fingerprint,
+                    "cache stream refused: account name held for another cluster");
+                return Err(Status::failed_precondition(message));
+            }
+            Err(e) => {
+                tracing::warn!(account = %name, error = %e, "cluster fingerprint not checked");
+            }
         }
         if let Some(ownership) = &self.ownership {
             match ownership.claim(&name).await {

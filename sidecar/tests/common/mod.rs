@@ -113,6 +113,7 @@ impl CacheStream {
             msg: Some(cache_up::Msg::Open(v1::CacheOpen {
                 account: account.into(),
                 agent_id: "test".into(),
+                ca_fingerprint: String::new(),
             })),
         })
         .await?;
