@@ -67,9 +67,9 @@ fn cached(accounts: &spinlink_sidecar::Accounts, resource: &str) -> Vec<String> 
     let mut names: Vec<String> = kind
         .objects
         .values()
-        .filter(|e| e.object["metadata"]["namespace"] == "demo")
+        .filter(|e| e.object()["metadata"]["namespace"] == "demo")
         .map(|e| {
-            e.object["metadata"]["name"]
+            e.object()["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned()

@@ -76,6 +76,10 @@ struct KubeSimArgs {
     /// Start with an empty cluster instead of the demo workload.
     #[arg(long)]
     empty: bool,
+    /// Also create this many pods (namespaces `seed-0`…`seed-9`, labels
+    /// `app=app-<i mod 1000>`), for benchmarks.
+    #[arg(long, default_value_t = 0)]
+    seed_pods: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +155,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             } else {
                 spinlink_kube_sim::Sim::with_demo_workload()
             };
+            if args.seed_pods > 0 {
+                sim.seed_pods(args.seed_pods)
+                    .map_err(|s| anyhow::anyhow!("seeding pods: {}", s.message))?;
+            }
             let server = spinlink_kube_sim::Server::bind(sim, args.listen, None)
                 .await
                 .with_context(|| format!("binding kube-sim to {}", args.listen))?;

@@ -28,6 +28,7 @@ mod fixtures;
 mod kubeconfig;
 pub mod patch;
 pub mod resources;
+pub mod seed;
 mod server;
 mod store;
 

@@ -399,8 +399,15 @@ impl LabelSelector {
     /// Whether the labels of `obj` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
+        self.matches_with(|key| labels.get(key).and_then(Value::as_str))
+    }
+
+    /// Whether the labels `label` looks up by key satisfy every requirement:
+    /// for callers that keep labels apart from a parsed object (the sidecar's
+    /// cache keeps objects as JSON text).
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.requirements.iter().all(|r| {
-            let value = labels.get(&r.key).and_then(Value::as_str);
+            let value = label(&r.key);
             match r.op {
                 Op::Exists => value.is_some(),
                 Op::DoesNotExist => value.is_none(),

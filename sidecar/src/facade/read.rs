@@ -50,13 +50,32 @@ struct ListMeta<'a> {
     resource_version: &'a str,
 }
 
+/// Everything of a List but its items.
 #[derive(Serialize)]
-struct List<'a> {
+struct ListHead<'a> {
     kind: String,
     #[serde(rename = "apiVersion")]
     api_version: String,
     metadata: ListMeta<'a>,
-    items: Vec<&'a Value>,
+}
+
+/// A List whose items are the cache's JSON texts, written as they are: no
+/// object is parsed or serialised again.
+fn list_json(head: &ListHead<'_>, items: &[Arc<str>]) -> serde_json::Result<Vec<u8>> {
+    let head = serde_json::to_vec(head)?;
+    let size = head.len() + 12 + items.iter().map(|i| i.len() + 1).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    // `{"kind":…,"metadata":{…}` then `,"items":[…]}`.
+    out.extend_from_slice(&head[..head.len() - 1]);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item.as_bytes());
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 /// The resource `path` names, as the shared API semantics take it.
@@ -97,7 +116,7 @@ pub fn resource(
                 )));
             };
             (
-                vec![entry.object.clone()],
+                vec![entry.json().clone()],
                 kind.info.clone(),
                 kind.resource_version.clone(),
             )
@@ -110,12 +129,17 @@ pub fn resource(
                 Ok(s) => s,
                 Err(e) => return Some(body::status(&Status::bad_request(e.to_string()))),
             };
-            let objects: Vec<Arc<Value>> = kind
+            // Labels are kept beside each object; only a field selector
+            // needs the object parsed.
+            let objects: Vec<Arc<str>> = kind
                 .objects
                 .iter()
                 .filter(|((ns, _), _)| path.namespace.as_ref().is_none_or(|want| want == ns))
-                .filter(|(_, e)| selectors.matches(&e.object))
-                .map(|(_, e)| e.object.clone())
+                .filter(|(_, e)| selectors.labels.matches_with(|k| e.label(k)))
+                .filter(|(_, e)| {
+                    selectors.fields.is_empty() || selectors.fields.matches(&e.object())
+                })
+                .map(|(_, e)| e.json().clone())
                 .collect();
             (objects, kind.info.clone(), kind.resource_version.clone())
         }
@@ -125,8 +149,12 @@ pub fn resource(
     } else {
         format!("{}/{}", info.group, info.version)
     };
-    let refs: Vec<&Value> = objects.iter().map(|o| o.as_ref()).collect();
     let body = if table::wants_table(accept) {
+        let parsed: Vec<Value> = objects
+            .iter()
+            .map(|o| serde_json::from_str(o).unwrap_or(Value::Null))
+            .collect();
+        let refs: Vec<&Value> = parsed.iter().collect();
         let include = IncludeObject::parse(query.get("includeObject"));
         let meta = if rv.is_empty() {
             serde_json::json!({})
@@ -142,16 +170,18 @@ pub fn resource(
         );
         serde_json::to_vec(&t)
     } else if path.name.is_some() {
-        serde_json::to_vec(refs[0])
+        Ok(objects[0].as_bytes().to_vec())
     } else {
-        serde_json::to_vec(&List {
-            kind: format!("{}List", info.kind),
-            api_version,
-            metadata: ListMeta {
-                resource_version: &rv,
+        list_json(
+            &ListHead {
+                kind: format!("{}List", info.kind),
+                api_version,
+                metadata: ListMeta {
+                    resource_version: &rv,
+                },
             },
-            items: refs,
-        })
+            &objects,
+        )
     };
     Some(json_response(body.unwrap_or_default(), "application/json"))
 }

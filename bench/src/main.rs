@@ -1,0 +1,134 @@
+//! `spinlink-bench`: runs one benchmark of issue 5 and prints its result as
+//! Markdown for `bench/RESULTS.md`. See `bench/README.md`.
+#![allow(unsafe_code)] // only for the `#[global_allocator]` item below; see alloc.rs
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use spinlink_bench::report::Report;
+use spinlink_bench::{cache_memory, chain, facade_list, machine, selector_latency};
+
+#[global_allocator]
+static ALLOC: spinlink_bench::alloc::Counting = spinlink_bench::alloc::Counting;
+
+#[derive(Debug, Parser)]
+#[command(name = "spinlink-bench", about = "spinlink's sidecar benchmarks")]
+struct Cli {
+    /// The `spinlink` binary to measure (default: the one beside this binary).
+    #[arg(long, global = true)]
+    spinlink: Option<PathBuf>,
+    /// Scratch directory (default: a fresh one under the system temp dir,
+    /// removed afterwards).
+    #[arg(long, global = true)]
+    dir: Option<PathBuf>,
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// `kubectl get pods -A -o json`, facade vs kube-sim.
+    FacadeList {
+        /// Pods in the cluster.
+        #[arg(long, default_value_t = 10_000)]
+        pods: usize,
+        /// Measured runs per side.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        /// kubectl binary.
+        #[arg(long, default_value = "kubectl")]
+        kubectl: PathBuf,
+    },
+    /// Latency of a label-selector LIST, facade (cache) vs kube-sim.
+    SelectorLatency {
+        /// Pods in the cluster.
+        #[arg(long, default_value_t = 100_000)]
+        pods: usize,
+        /// Measured requests per side.
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+    },
+    /// Cache memory per object against its JSON size.
+    CacheMemory {
+        /// Pods to cache.
+        #[arg(long, default_value_t = 100_000)]
+        pods: usize,
+        /// Skip the measurement of the real `spinlink dev` process.
+        #[arg(long)]
+        in_process_only: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let spinlink = cli.spinlink.clone().unwrap_or_else(chain::default_spinlink);
+    let (dir, remove) = match &cli.dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("spinlink-bench-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let machine = machine::describe();
+    let result = (|| -> anyhow::Result<Report> {
+        Ok(match cli.bench {
+            Bench::FacadeList {
+                pods,
+                runs,
+                kubectl,
+            } => {
+                let mut r =
+                    Report::new("kubectl get pods -A -o json: facade vs kube-sim", &command);
+                let opts = facade_list::Options {
+                    spinlink,
+                    kubectl,
+                    pods,
+                    runs,
+                    dir: dir.clone(),
+                };
+                facade_list::run(&opts, &mut r)?;
+                r
+            }
+            Bench::SelectorLatency {
+                pods,
+                requests,
+                concurrency,
+            } => {
+                let mut r = Report::new("LIST with a label selector: latency", &command);
+                let opts = selector_latency::Options {
+                    spinlink,
+                    pods,
+                    requests,
+                    concurrency,
+                    dir: dir.clone(),
+                };
+                selector_latency::run(&opts, &mut r)?;
+                r
+            }
+            Bench::CacheMemory {
+                pods,
+                in_process_only,
+            } => {
+                let mut r = Report::new("Cache memory per object", &command);
+                let opts = cache_memory::Options {
+                    spinlink,
+                    pods,
+                    process: !in_process_only,
+                    dir: dir.clone(),
+                };
+                cache_memory::run(&opts, &mut r)?;
+                r
+            }
+        })
+    })();
+    if remove {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    println!("{}", result?.markdown(&machine));
+    Ok(())
+}

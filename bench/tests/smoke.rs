@@ -1,0 +1,58 @@
+//! The benchmark entry points run end to end in a tiny mode, so they cannot
+//! rot. Nothing here asserts on speed: only that each benchmark completes and
+//! reports its figures.
+//!
+//! They drive the `spinlink` binary beside the benchmark binary in the target
+//! directory, which `cargo nextest run --workspace` builds for the end-to-end
+//! tests of `cli`.
+
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_spinlink-bench");
+
+fn bench(args: &[&str]) -> String {
+    let spinlink = std::path::Path::new(BENCH).with_file_name("spinlink");
+    assert!(
+        spinlink.exists(),
+        "{} is missing: build it with `cargo build -p spinlink` (or run the whole workspace)",
+        spinlink.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BENCH)
+        .arg("--dir")
+        .arg(dir.path())
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "spinlink-bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn facade_list_runs_tiny() {
+    let out = bench(&["facade-list", "--pods", "100", "--runs", "1"]);
+    assert!(out.contains("ratio facade / direct"), "{out}");
+    assert!(out.contains("- machine: "), "{out}");
+}
+
+#[test]
+fn selector_latency_runs_tiny() {
+    let out = bench(&["selector-latency", "--pods", "2000", "--requests", "20"]);
+    assert!(out.contains("facade (sidecar cache): p50"), "{out}");
+    assert!(
+        out.contains("direct kube-sim (peer, same run): p50"),
+        "{out}"
+    );
+}
+
+#[test]
+fn cache_memory_runs_tiny() {
+    let out = bench(&["cache-memory", "--pods", "200"]);
+    assert!(out.contains("× the JSON size"), "{out}");
+    assert!(out.contains("RSS delta / gauge delta"), "{out}");
+}
