@@ -1,8 +1,10 @@
 //! The resources kube-sim stores and serves: the built-in kinds of [`RESOURCES`] (which
-//! must agree with the discovery fixtures) and, per simulator, the kinds its
+//! must agree with the discovery fixtures and have behaviour of their own), every other
+//! listable resource the recorded discovery advertises ([`advertised`], plain objects,
+//! empty to start, as a real server serves them), and, per simulator, the kinds its
 //! CustomResourceDefinitions define ([`CustomResource`], registered by the store).
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// A served resource type.
 #[derive(Debug, PartialEq, Eq)]
@@ -139,7 +141,7 @@ pub(crate) fn intern(spec: &CustomSpec) -> &'static ResourceInfo {
             && r.custom == Some(&spec.custom)
     };
     if let Some(r) = interned.iter().find(same) {
-        return *r;
+        return r;
     }
     let info: &'static ResourceInfo = Box::leak(Box::new(ResourceInfo {
         plural: leak(&spec.plural),
@@ -231,23 +233,110 @@ pub static RESOURCES: [ResourceInfo; 10] = [
     },
 ];
 
+/// Every built-in resource: [`RESOURCES`] first, then [`advertised`].
+fn built_in() -> impl Iterator<Item = &'static ResourceInfo> {
+    RESOURCES.iter().chain(advertised().iter().copied())
+}
+
+/// The listable resources the recorded discovery documents advertise beyond
+/// [`RESOURCES`]: served as plain objects (list, watch, get, create, update, patch,
+/// delete), empty to start. A kind with several versions (`autoscaling/v1` and `v2`)
+/// shares its objects, as do `events` and `events.k8s.io` events, because the store
+/// keys built-in kinds by plural.
+pub fn advertised() -> &'static [&'static ResourceInfo] {
+    static ADVERTISED: OnceLock<Vec<&'static ResourceInfo>> = OnceLock::new();
+    ADVERTISED.get_or_init(|| {
+        let mut out = Vec::new();
+        for (group, version, doc) in discovery_documents() {
+            let Some(entries) = doc["resources"].as_array() else {
+                continue;
+            };
+            for entry in entries {
+                let (Some(plural), Some(kind)) = (entry["name"].as_str(), entry["kind"].as_str())
+                else {
+                    continue;
+                };
+                let (group, version) = (&group, &version);
+                let listable = entry["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v == "list"));
+                if plural.contains('/')
+                    || !listable
+                    || RESOURCES
+                        .iter()
+                        .any(|r| r.group == group && r.version == version && r.plural == plural)
+                    || out.iter().any(|r: &&ResourceInfo| {
+                        r.group == group && r.version == version && r.plural == plural
+                    })
+                {
+                    continue;
+                }
+                let status = entries
+                    .iter()
+                    .any(|e| e["name"].as_str() == Some(&format!("{plural}/status")));
+                let api_version = if group.is_empty() {
+                    version.clone()
+                } else {
+                    format!("{group}/{version}")
+                };
+                out.push(&*Box::leak(Box::new(ResourceInfo {
+                    plural: leak(plural),
+                    group: leak(group),
+                    version: leak(version),
+                    api_version: leak(&api_version),
+                    kind: leak(kind),
+                    namespaced: entry["namespaced"].as_bool().unwrap_or(true),
+                    status_subresource: status,
+                    scale_subresource: false,
+                    generation: !group.is_empty(),
+                    custom: None,
+                })));
+            }
+        }
+        out
+    })
+}
+
+/// Every recorded group version with its `APIResourceList`: `/api/v1`, then each
+/// version `/apis` lists (recorded, or derived from the aggregated discovery as the
+/// server answers it).
+fn discovery_documents() -> Vec<(String, String, serde_json::Value)> {
+    let json = |rel: &str| {
+        crate::fixtures::file(rel).and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+    };
+    let mut docs = Vec::new();
+    if let Some(doc) = json("discovery/api_v1.json") {
+        docs.push((String::new(), "v1".to_owned(), doc));
+    }
+    let groups = json("discovery/apis.json").unwrap_or_default();
+    for group in groups["groups"].as_array().into_iter().flatten() {
+        for version in group["versions"].as_array().into_iter().flatten() {
+            let (Some(g), Some(v)) = (group["name"].as_str(), version["version"].as_str()) else {
+                continue;
+            };
+            let doc = json(&format!("discovery/apis_{g}_{v}.json"))
+                .or_else(|| crate::server::discovery::derived_group_version(g, v));
+            if let Some(doc) = doc {
+                docs.push((g.to_owned(), v.to_owned(), doc));
+            }
+        }
+    }
+    docs
+}
+
 /// The built-in resource with this plural name.
 pub fn by_plural(plural: &str) -> Option<&'static ResourceInfo> {
-    RESOURCES.iter().find(|r| r.plural == plural)
+    built_in().find(|r| r.plural == plural)
 }
 
 /// The built-in resource served at `group/version/plural`.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
-    RESOURCES
-        .iter()
-        .find(|r| r.group == group && r.version == version && r.plural == plural)
+    built_in().find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// The built-in resource whose objects have this `apiVersion` and `kind`.
 pub fn by_type(api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
-    RESOURCES
-        .iter()
-        .find(|r| r.api_version == api_version && r.kind == kind)
+    built_in().find(|r| r.api_version == api_version && r.kind == kind)
 }
 
 #[cfg(test)]

@@ -72,7 +72,10 @@ async fn every_listed_group_version_is_served() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"flowschemas") && names.contains(&"flowschemas/status"), "{names:?}");
+    assert!(
+        names.contains(&"flowschemas") && names.contains(&"flowschemas/status"),
+        "{names:?}"
+    );
     // The derivation, checked against a group version that was recorded.
     let recorded = fixture("discovery/apis_apps_v1.json");
     let strip = |mut v: Value| {
@@ -222,8 +225,8 @@ async fn errors_match_fixtures_field_by_field() {
         (StatusCode::NOT_FOUND, Some("namespaces \"nope\" not found"))
     );
     for path in [
-        "/apis/apps/v1/daemonsets",
-        "/api/v1/nodes",
+        "/apis/apps/v1/widgets",
+        "/api/v1/nopes",
         "/nope",
         "/apis/apps/v1/namespaces/demo/deployments/web/nope",
     ] {

@@ -48,8 +48,11 @@ fn version_rank(v: &str) -> (u8, i64, i64, String) {
     }
 }
 
+/// One API group's versions and their resources.
+type GroupVersions = (String, Vec<(String, Vec<&'static ResourceInfo>)>);
+
 /// Custom resources by group, then version (versions in priority order).
-fn custom_groups(custom: &[&'static ResourceInfo]) -> Vec<(String, Vec<(String, Vec<&'static ResourceInfo>)>)> {
+fn custom_groups(custom: &[&'static ResourceInfo]) -> Vec<GroupVersions> {
     let mut groups: BTreeMap<&str, BTreeMap<&str, Vec<&'static ResourceInfo>>> = BTreeMap::new();
     for r in custom {
         groups
@@ -118,7 +121,9 @@ pub(crate) fn group(custom: &[&'static ResourceInfo], group: &str) -> Option<Val
     if let Some(doc) = fixtures::group(group) {
         return Some(doc);
     }
-    let (_, versions) = custom_groups(custom).into_iter().find(|(g, _)| g == group)?;
+    let (_, versions) = custom_groups(custom)
+        .into_iter()
+        .find(|(g, _)| g == group)?;
     let names: Vec<String> = versions.into_iter().map(|(v, _)| v).collect();
     let mut doc = json!({"kind": "APIGroup", "apiVersion": "v1"});
     if let (Some(d), Value::Object(e)) = (doc.as_object_mut(), group_entry(group, &names)) {
@@ -211,8 +216,10 @@ pub(crate) fn group_version(
         entry["storageVersionHash"] = json!(storage_version_hash(r));
         resources.push(entry);
         if r.status_subresource {
-            resources.push(json!({"name": format!("{}/status", r.plural), "singularName": "",
-                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}));
+            resources.push(
+                json!({"name": format!("{}/status", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}),
+            );
         }
         if r.scale_subresource {
             resources.push(json!({"name": format!("{}/scale", r.plural), "singularName": "",

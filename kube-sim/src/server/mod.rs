@@ -3,7 +3,7 @@
 //! OpenAPI or resource handlers) → [`watch`] for streaming watches.
 
 mod custom_table;
-mod discovery;
+pub(crate) mod discovery;
 pub use discovery::derived_group_version;
 pub mod logs;
 mod router;

@@ -167,6 +167,13 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
     let accept = header_str(&parts.headers, header::ACCEPT).to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     tracing::trace!(method = %parts.method, %path, "request");
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !ctx.sim.authenticates(authorization) {
+        return status_response(&Status::new(401, "Unauthorized", "Unauthorized"));
+    }
     let is_get = parts.method == Method::GET;
     match segs.as_slice() {
         ["version"] if is_get => version(&ctx.sim),
@@ -239,7 +246,11 @@ fn wants_aggregated(accept: &str) -> bool {
 }
 
 fn json_typed(code: StatusCode, content_type: &str, v: &Value) -> Response<Body> {
-    full(code, content_type, serde_json::to_vec(v).unwrap_or_default())
+    full(
+        code,
+        content_type,
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
 }
 
 fn discovery_root(accept: &str, root: &str) -> Response<Body> {
@@ -299,11 +310,8 @@ async fn resource(
         } else {
             match fixtures::group_version(group, version) {
                 Some(b) => full(StatusCode::OK, "application/json", Bytes::from_static(b)),
-                None => match discovery::group_version(
-                    &ctx.sim.custom_resources(),
-                    group,
-                    version,
-                ) {
+                None => match discovery::group_version(&ctx.sim.custom_resources(), group, version)
+                {
                     Some(doc) => json_response(StatusCode::OK, &doc),
                     None => status_response(&Status::no_route()),
                 },
@@ -622,7 +630,9 @@ fn scale(
         Method::GET => {
             return result_response(
                 StatusCode::OK,
-                ctx.sim.get_in(res, namespace, name).map(|o| scale_of(res, &o)),
+                ctx.sim
+                    .get_in(res, namespace, name)
+                    .map(|o| scale_of(res, &o)),
             );
         }
         Method::PUT => match decode_object(content_type, bytes) {
@@ -672,9 +682,7 @@ fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> 
         orphan: query.get("propagationPolicy") == Some("Orphan")
             || query.get("orphanDependents") == Some("true"),
         foreground: query.get("propagationPolicy") == Some("Foreground"),
-        grace_period: query
-            .get("gracePeriodSeconds")
-            .and_then(|g| g.parse().ok()),
+        grace_period: query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()),
         ..Default::default()
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {

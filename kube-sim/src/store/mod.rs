@@ -89,6 +89,8 @@ struct Inner {
     config: SimConfig,
     state: Mutex<State>,
     notify: watch::Sender<u64>,
+    /// Bearer tokens accepted; empty: any request is served (the default).
+    tokens: Mutex<Vec<String>>,
 }
 
 /// A simulated cluster's API state. Cheap to clone; clones share the state.
@@ -185,6 +187,7 @@ impl Sim {
                     custom: Vec::new(),
                 }),
                 notify: watch::channel(0).0,
+                tokens: Mutex::new(Vec::new()),
             }),
         };
         for ns in SYSTEM_NAMESPACES {
@@ -212,6 +215,24 @@ impl Sim {
 
     fn notify(&self, rv: u64) {
         self.inner.notify.send_replace(rv);
+    }
+
+    /// Accepts only requests carrying `Authorization: Bearer <token>` with one
+    /// of `tokens` (others get 401, as a real server answers an unknown
+    /// token); empty accepts everything. Takes effect for the next request,
+    /// so tests can rotate a service account token.
+    pub fn require_tokens(&self, tokens: &[&str]) {
+        *self.inner.tokens.lock().unwrap_or_else(|e| e.into_inner()) =
+            tokens.iter().map(|t| (*t).to_owned()).collect();
+    }
+
+    /// Whether a request with this `Authorization` header value is let in.
+    pub fn authenticates(&self, authorization: Option<&str>) -> bool {
+        let tokens = self.inner.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.is_empty()
+            || authorization
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .is_some_and(|t| tokens.iter().any(|k| k == t))
     }
 
     /// The latest resourceVersion (every write increments it).
@@ -284,7 +305,9 @@ impl Sim {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Value, Status> {
-        let res = self.resource_by_name(resource).ok_or_else(Status::no_route)?;
+        let res = self
+            .resource_by_name(resource)
+            .ok_or_else(Status::no_route)?;
         self.delete_in(res, namespace, name, &DeleteOptions::default())
     }
 
