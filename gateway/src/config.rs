@@ -67,7 +67,8 @@ pub struct Config {
     /// Address the agent listener binds.
     pub listen: SocketAddr,
     /// Server certificate and the CA bundle client certificates are checked
-    /// against; required unless `insecure`.
+    /// against; required unless `insecure` or an `ingress` (whose servers
+    /// carry their own certificates) is configured.
     pub tls: Option<TlsConfig>,
     /// How an agent's identity is read from its certificate.
     pub identity: IdentityConfig,
@@ -78,7 +79,7 @@ pub struct Config {
     pub token_ttl_seconds: u64,
     /// Which identities may serve which accounts. Empty grants nothing.
     pub policy: Vec<PolicyRule>,
-    /// Sidecar tunnel endpoints; at least one.
+    /// Sidecar tunnel endpoints; at least one unless an `ingress` is configured.
     pub upstreams: Vec<UpstreamConfig>,
     /// TLS towards `https://` upstreams.
     pub upstream_tls: Option<UpstreamTlsConfig>,
@@ -90,6 +91,16 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     /// PROXY protocol, limits and timeouts of the agent listener.
     pub listener: ListenerConfig,
+    /// Bootstrap JWTs for agents without client certificates; when set, TLS
+    /// accepts connections without one and their `Hello` must carry a JWT.
+    pub jwt_bootstrap: Option<crate::identity::jwt::JwtBootstrapConfig>,
+    /// Bounded-load factor, DNS refresh, health checks and outlier ejection
+    /// of the upstream instances.
+    pub upstream_pool: crate::upstream::set::UpstreamPoolConfig,
+    /// Ingress routes for Spinnaker's UI and API (and gRPC) on the same
+    /// listener: the model `spinlink nginx convert` writes (see
+    /// `docs/ingress.md`). Absent: the listener serves agents only.
+    pub ingress: Option<spinlink_nginx_compat::Ingress>,
     /// Where this configuration came from, for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -111,6 +122,9 @@ impl Default for Config {
             shutdown_grace_seconds: DEFAULT_SHUTDOWN_GRACE_SECONDS,
             admin: None,
             listener: ListenerConfig::default(),
+            jwt_bootstrap: None,
+            upstream_pool: crate::upstream::set::UpstreamPoolConfig::default(),
+            ingress: None,
             origin: "<default>".to_owned(),
         }
     }
@@ -131,6 +145,10 @@ pub struct TlsConfig {
     pub client_ca_file: PathBuf,
     /// Seconds between checks of the files for new content; 0 turns reloading off.
     pub reload_interval_seconds: u64,
+    /// Accept handshakes without a client certificate (set by the gateway
+    /// when `jwtBootstrap` is configured; not read from the file).
+    #[serde(skip)]
+    pub client_certificate_optional: bool,
 }
 
 impl Default for TlsConfig {
@@ -140,6 +158,7 @@ impl Default for TlsConfig {
             key_file: PathBuf::new(),
             client_ca_file: PathBuf::new(),
             reload_interval_seconds: DEFAULT_TLS_RELOAD_INTERVAL_SECONDS,
+            client_certificate_optional: false,
         }
     }
 }
@@ -288,6 +307,11 @@ pub struct UpstreamConfig {
     /// `https://host:port` (mTLS with `upstreamTls`) or `http://host:port`
     /// (h2c with prior knowledge).
     pub url: String,
+    /// How the URL's host becomes instances: `static` (itself, the
+    /// default), `dns` (every address it resolves to, re-resolved every
+    /// `upstreamPool.dnsRefreshSeconds`) or `{endpointSlices: {service,
+    /// namespace, portName, kubeconfig}}` (a watch of the Service's slices).
+    pub discovery: crate::upstream::discovery::Discovery,
 }
 
 /// TLS towards the sidecars.
@@ -337,6 +361,8 @@ impl Config {
             return Err(invalid("gatewayId", "must not be empty"));
         }
         match &self.tls {
+            // Ingress servers carry their own certificates.
+            None if self.ingress.is_some() => {}
             None if !self.insecure => {
                 return Err(invalid("tls", "required unless `insecure: true`"));
             }
@@ -364,12 +390,29 @@ impl Config {
         }
         crate::identity::Policy::compile(&self.policy)
             .map_err(|e| invalid(&e.key(), &e.to_string()))?;
-        if self.upstreams.is_empty() {
+        if let Some(ingress) = &self.ingress {
+            if self.insecure {
+                return Err(invalid("ingress", "not supported with `insecure: true`"));
+            }
+            crate::ingress::Ingress::compile(ingress)
+                .map_err(|e| invalid(&format!("ingress.{}", e.key), &e.message))?;
+        }
+        // An ingress-only gateway carries no agent streams of its own.
+        if self.upstreams.is_empty() && self.ingress.is_none() {
             return Err(invalid("upstreams", "at least one upstream is required"));
         }
         for (i, upstream) in self.upstreams.iter().enumerate() {
             let target = crate::upstream::Target::parse(&upstream.url)
                 .map_err(|e| invalid(&format!("upstreams[{i}].url"), &e.to_string()))?;
+            if let crate::upstream::discovery::Discovery::EndpointSlices(slices) =
+                &upstream.discovery
+                && slices.service.is_empty()
+            {
+                return Err(invalid(
+                    &format!("upstreams[{i}].discovery.endpointSlices.service"),
+                    "required",
+                ));
+            }
             if target.is_tls() && self.upstream_tls.is_none() {
                 return Err(invalid(
                     &format!("upstreams[{i}].url"),
@@ -398,11 +441,34 @@ impl Config {
                 ));
             }
         }
+        self.upstream_pool
+            .validate()
+            .map_err(|(key, message)| invalid(&format!("upstreamPool.{key}"), message))?;
         if !(1..=MAX_UPSTREAM_CONNECTIONS).contains(&self.upstream_connections) {
             return Err(invalid(
                 "upstreamConnections",
                 &format!("must be between 1 and {MAX_UPSTREAM_CONNECTIONS}"),
             ));
+        }
+        if let Some(jwt) = &self.jwt_bootstrap {
+            if self.insecure {
+                return Err(invalid(
+                    "jwtBootstrap",
+                    "not supported with `insecure: true`",
+                ));
+            }
+            if jwt.jwks_file.as_os_str().is_empty() {
+                return Err(invalid("jwtBootstrap.jwksFile", "required"));
+            }
+            if jwt.audiences.is_empty() {
+                return Err(invalid(
+                    "jwtBootstrap.audiences",
+                    "must name at least one audience",
+                ));
+            }
+            if jwt.accounts_claim.is_empty() {
+                return Err(invalid("jwtBootstrap.accountsClaim", "must not be empty"));
+            }
         }
         self.validate_listener()
     }

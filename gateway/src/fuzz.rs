@@ -74,6 +74,91 @@ pub fn token(data: &[u8]) {
     assert!(key().verify(issued.expose(), other, now).is_err());
 }
 
+struct JwtFixture {
+    verifier: crate::identity::jwt::JwtVerifier,
+    key: jsonwebtoken::EncodingKey,
+}
+
+fn jwt_fixture() -> &'static JwtFixture {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ring::signature::{self, KeyPair};
+    static FIXTURE: OnceLock<JwtFixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let rng = ring::rand::SystemRandom::new();
+        let alg = &signature::ECDSA_P256_SHA256_FIXED_SIGNING;
+        let pkcs8 = signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).expect("keygen");
+        let pair = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref(), &rng).expect("key");
+        let p = pair.public_key().as_ref();
+        let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "fuzz",
+            "x": URL_SAFE_NO_PAD.encode(&p[1..33]), "y": URL_SAFE_NO_PAD.encode(&p[33..65])}]});
+        let config = crate::identity::jwt::JwtBootstrapConfig {
+            audiences: vec!["fuzz".into()],
+            ..Default::default()
+        };
+        JwtFixture {
+            verifier: crate::identity::jwt::JwtVerifier::from_jwks(
+                &serde_json::from_value(jwks).expect("jwks"),
+                &config,
+            )
+            .expect("verifier"),
+            key: jsonwebtoken::EncodingKey::from_ec_der(pkcs8.as_ref()),
+        }
+    })
+}
+
+/// The bootstrap JWT path: any presented text is refused without a panic
+/// (nobody forges a signature), also when it is three base64url parts whose
+/// header and claims come from the input; a JWT the key really signed, with
+/// claims taken from the input, is accepted exactly when its `sub` and
+/// accounts are usable, and then names that `sub`.
+pub fn jwt(data: &[u8]) {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let fixture = jwt_fixture();
+    let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let text = String::from_utf8_lossy(data);
+    assert!(fixture.verifier.verify(&text, now).is_err());
+    let mut parts = text.splitn(3, '\n');
+    let (header, claims, sig) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    let forged = [header, claims, sig]
+        .map(|p| URL_SAFE_NO_PAD.encode(p))
+        .join(".");
+    assert!(fixture.verifier.verify(&forged, now).is_err());
+    let forged = format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"ES256","kid":"fuzz"}"#),
+        URL_SAFE_NO_PAD.encode(claims),
+        URL_SAFE_NO_PAD.encode(sig)
+    );
+    assert!(fixture.verifier.verify(&forged, now).is_err());
+
+    let accounts: Vec<&str> = claims.split(',').collect();
+    let body = serde_json::json!({"sub": header, "aud": "fuzz", "exp": 1_700_000_100u64,
+        "spinlink_accounts": accounts});
+    let mut jwt_header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    jwt_header.kid = Some("fuzz".into());
+    let signed = jsonwebtoken::encode(&jwt_header, &body, &fixture.key).expect("sign");
+    match fixture.verifier.verify(&signed, now) {
+        Ok(bootstrap) => {
+            assert_eq!(&*bootstrap.identity, header);
+            assert!(accounts.iter().all(|a| !a.is_empty()));
+        }
+        // Only an unusable `sub` or accounts claim (empty, or not a glob).
+        Err(crate::identity::jwt::JwtError::MissingClaim(claim)) => {
+            assert!(
+                (claim == "sub" && header.is_empty()) || claim == "spinlink_accounts",
+                "{claim}"
+            );
+        }
+        Err(e) => panic!("a signed JWT refused: {e}"),
+    }
+}
+
 fn hello_service() -> &'static HelloService {
     static SERVICE: OnceLock<HelloService> = OnceLock::new();
     SERVICE.get_or_init(|| {
@@ -87,9 +172,11 @@ fn hello_service() -> &'static HelloService {
             policy,
             tokens: TokenKey::generate().expect("system random"),
             token_ttl: Duration::from_secs(60),
-            upstreams: Vec::new(),
+            upstreams: Arc::default(),
             stats: Arc::new(Stats::default()),
             limits: TunnelLimits::default(),
+            owners: Arc::default(),
+            jwt: None,
         }))
     })
 }
@@ -105,6 +192,8 @@ pub fn hello(data: &[u8]) {
         identity: "spiffe://fuzz/agent".into(),
         binding: ConnectionBinding([1; 32]),
         remote: ([127, 0, 0, 1], 1).into(),
+        grants: Arc::default(),
+        bootstrap: None,
     };
     match hello_service().answer(&peer, &request, SystemTime::now()) {
         Ok(response) => {
@@ -160,6 +249,16 @@ mod tests {
         #[test]
         fn token_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..120)) {
             token(&data);
+        }
+
+        #[test]
+        fn jwt_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            jwt(&data);
+        }
+
+        #[test]
+        fn jwt_any_claims(sub in "[a-z:/\\-]{0,12}", accounts in "[a-z*,\\-]{0,20}") {
+            jwt(format!("{sub}\n{accounts}\nsig").as_bytes());
         }
 
         #[test]

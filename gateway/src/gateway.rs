@@ -17,11 +17,14 @@ use crate::admin::Stats;
 use crate::admin::server::AdminServer;
 use crate::config::Config;
 use crate::identity::Policy;
+use crate::identity::jwt::JwtVerifier;
 use crate::listener::{Listener, Settings};
 use crate::tls::{ServerTls, TlsReloader};
 use crate::token::TokenKey;
 use crate::tunnel::{Shared, TunnelLimits};
-use crate::upstream::{Target, Upstream, UpstreamTls};
+use crate::upstream::discovery::{Discovery, DnsDiscovery, EndpointSliceDiscovery};
+use crate::upstream::health::HealthChecker;
+use crate::upstream::{Target, Upstream, UpstreamSet, UpstreamTls};
 use crate::{Error, Result};
 
 /// A bound gateway, ready to [`run`](Gateway::run).
@@ -33,6 +36,10 @@ pub struct Gateway {
     stats: Arc<Stats>,
     admin: Option<AdminServer>,
     reloader: Option<TlsReloader>,
+    dns: Vec<DnsDiscovery>,
+    watches: Vec<EndpointSliceDiscovery>,
+    health: HealthChecker,
+    upstreams: Arc<UpstreamSet>,
 }
 
 /// A readiness receiver that says "not ready" until [`Gateway::run`]
@@ -60,12 +67,16 @@ impl Gateway {
                 tracing::warn!("`tls` is ignored because `insecure: true`");
             }
             None
+        } else if config.tls.is_none() && config.ingress.is_some() {
+            // Ingress servers bring their own certificates.
+            None
         } else {
-            let files = config
+            let mut files = config
                 .tls
-                .as_ref()
+                .clone()
                 .ok_or_else(|| invalid("tls".into(), "required unless `insecure: true`".into()))?;
-            let tls = ServerTls::load(files, &[spinlink_tls::config::ALPN_H2], stats.clone())
+            files.client_certificate_optional = config.jwt_bootstrap.is_some();
+            let tls = ServerTls::load(&files, &[spinlink_tls::config::ALPN_H2], stats.clone())
                 .map_err(|e| invalid("tls".into(), e.to_string()))?;
             Some(Arc::new(tls))
         };
@@ -76,21 +87,65 @@ impl Gateway {
             .as_ref()
             .map(UpstreamTls::from_config)
             .transpose()?;
-        let mut upstreams = Vec::with_capacity(config.upstreams.len());
+        let pool = &config.upstream_pool;
+        let upstreams = Arc::new(UpstreamSet::new(
+            upstream_tls.clone(),
+            config.upstream_connections,
+            pool.clone(),
+            stats.clone(),
+        ));
+        let static_source = upstreams.add_source();
+        let mut fixed = Vec::new();
+        let mut dns = Vec::new();
+        let mut watches = Vec::new();
         for (i, u) in config.upstreams.iter().enumerate() {
-            let upstream = Target::parse(&u.url)
-                .and_then(|t| Upstream::new(t, upstream_tls.as_ref(), config.upstream_connections))
+            let target = Target::parse(&u.url)
+                .and_then(|t| {
+                    // Checked here so a bad upstream fails start-up, not the
+                    // first stream.
+                    Upstream::new(t.clone(), upstream_tls.as_ref(), 1).map(|_| t)
+                })
                 .map_err(|e| invalid(format!("upstreams[{i}].url"), e.to_string()))?;
-            upstreams.push(upstream);
+            match &u.discovery {
+                Discovery::Static => fixed.push(target),
+                Discovery::EndpointSlices(slices) => {
+                    let d = EndpointSliceDiscovery::new(upstreams.clone(), target, slices.clone())
+                        .await
+                        .map_err(|e| invalid(format!("upstreams[{i}].discovery"), e.to_string()))?;
+                    watches.push(d);
+                }
+                Discovery::Dns => {
+                    let d = DnsDiscovery::new(
+                        upstreams.clone(),
+                        target,
+                        Duration::from_secs(pool.dns_refresh_seconds),
+                    );
+                    // Resolved once before serving; failures are retried.
+                    if let Err(e) = d.refresh().await {
+                        tracing::warn!(upstream = %u.url, error = %e, "resolving upstream failed; retrying");
+                    }
+                    dns.push(d);
+                }
+            }
         }
+        upstreams.update(static_source, fixed);
+        let health = HealthChecker::new(upstreams.clone(), pool.health_check.clone());
+        let jwt = config
+            .jwt_bootstrap
+            .as_ref()
+            .map(JwtVerifier::load)
+            .transpose()
+            .map_err(|e| invalid(e.key().to_owned(), e.to_string()))?;
         let shared = Arc::new(Shared {
             gateway_id: config.gateway_id.clone(),
             policy,
             tokens: TokenKey::generate()?,
             token_ttl: config.token_ttl(),
-            upstreams,
+            upstreams: upstreams.clone(),
             stats: stats.clone(),
             limits: TunnelLimits::from_config(&config.listener),
+            owners: Arc::default(),
+            jwt,
         });
         let tcp = TcpListener::bind(config.listen)
             .await
@@ -133,8 +188,17 @@ impl Gateway {
             }
             _ => None,
         };
-        let settings = Settings::from_config(&config.listener, config.shutdown_grace());
+        let mut settings = Settings::from_config(&config.listener, config.shutdown_grace());
+        if let Some(model) = &config.ingress {
+            let ingress = crate::ingress::Ingress::compile(model)
+                .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?;
+            settings = settings.with_ingress(Arc::new(ingress));
+        }
         Ok(Gateway {
+            upstreams: upstreams.clone(),
+            dns,
+            watches,
+            health,
             listener: Listener::new(tcp, tls, config.identity.sources(), shared, settings),
             local_addr,
             grace: config.shutdown_grace(),
@@ -154,6 +218,12 @@ impl Gateway {
         self.stats.clone()
     }
 
+    /// The sidecar instances and their account assignments. Source 0 holds
+    /// the static `upstreams` entries.
+    pub fn upstreams(&self) -> Arc<UpstreamSet> {
+        self.upstreams.clone()
+    }
+
     /// The address the admin port is bound to, if there is one.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().and_then(|a| a.local_addr().ok())
@@ -169,6 +239,13 @@ impl Gateway {
         if let Some(reloader) = self.reloader {
             tasks.push(tokio::spawn(reloader.run(stopped.clone())));
         }
+        for dns in self.dns {
+            tasks.push(tokio::spawn(dns.run(stopped.clone())));
+        }
+        for watch in self.watches {
+            tasks.push(tokio::spawn(watch.run(stopped.clone())));
+        }
+        tasks.push(tokio::spawn(self.health.run(stopped.clone())));
         let (ready, ready_rx) = watch::channel(false);
         if let Some(admin) = self.admin {
             let admin = admin.with_ready(ready_rx);

@@ -10,6 +10,8 @@
 //! [`upstream`]. [`tls`] reloads the listener's certificate from disk;
 //! [`admin`] holds the counters and serves them, with `/healthz` and `/readyz`,
 //! on the admin port. [`fuzz`] holds the bodies of the fuzz targets.
+//! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an nginx-style
+//! model on the same listener.
 //!
 //! Start with [`Gateway::bind`] and [`Config`].
 #![forbid(unsafe_code)]
@@ -19,6 +21,7 @@ pub mod config;
 pub mod fuzz;
 mod gateway;
 pub mod identity;
+pub mod ingress;
 pub mod listener;
 pub mod route;
 pub mod tls;

@@ -12,8 +12,11 @@ use spinlink_proto::v1::{CacheUp, RelayUp, relay_down};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
+/// Health checks off: these tests count the connections streams make.
 fn upstream_yaml(url: &str) -> String {
-    format!("upstreams: [{{url: '{url}'}}]\n")
+    format!(
+        "upstreams: [{{url: '{url}'}}]\nupstreamPool: {{healthCheck: {{intervalSeconds: 0}}}}\n"
+    )
 }
 
 /// Sends 2..=n on an open cache stream, each after the previous ack.

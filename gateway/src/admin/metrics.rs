@@ -112,6 +112,9 @@ pub enum AuthFailure {
     TokenMismatch,
     /// A token past its expiry.
     TokenExpired,
+    /// A `Hello` on a connection without a client certificate whose
+    /// bootstrap JWT is missing or invalid.
+    BootstrapJwt,
 }
 
 impl AuthFailure {
@@ -124,6 +127,7 @@ impl AuthFailure {
             Self::TokenMalformed => "token_malformed",
             Self::TokenMismatch => "token_mismatch",
             Self::TokenExpired => "token_expired",
+            Self::BootstrapJwt => "bootstrap_jwt",
         }
     }
 }
@@ -179,6 +183,17 @@ pub struct Metrics {
     pub streams: Family<UpstreamLabel, Counter>,
     /// Streams open now, per upstream.
     pub streams_open: Family<UpstreamLabel, Gauge>,
+    /// HTTP/2 connections open now, per upstream instance.
+    pub upstream_connections: Family<UpstreamLabel, Gauge>,
+    /// Accounts assigned now, per upstream instance (bounded-load routing).
+    pub upstream_accounts: Family<UpstreamLabel, Gauge>,
+    /// 1 while an upstream instance takes new streams (healthy, not ejected).
+    pub upstream_available: Family<UpstreamLabel, Gauge>,
+    /// Times an upstream instance was taken out of rotation (failed health
+    /// checks or outlier ejection).
+    pub upstream_ejections: Family<UpstreamLabel, Counter>,
+    /// Upstream instances known now (static, DNS and EndpointSlice).
+    pub upstream_instances: Gauge,
     /// Message bytes carried, by direction.
     pub bytes: Family<DirectionLabel, Counter>,
     /// 1 while the gateway drains.
@@ -208,6 +223,11 @@ impl Default for Metrics {
             refusals: Family::default(),
             streams: Family::default(),
             streams_open: Family::default(),
+            upstream_connections: Family::default(),
+            upstream_accounts: Family::default(),
+            upstream_available: Family::default(),
+            upstream_ejections: Family::default(),
+            upstream_instances: Gauge::default(),
             bytes: Family::default(),
             draining: Gauge::default(),
             drain_duration: FloatGauge::default(),
@@ -256,6 +276,31 @@ impl Default for Metrics {
             "streams_open",
             "Streams open, per upstream",
             m.streams_open.clone(),
+        );
+        registry.register(
+            "upstream_connections",
+            "HTTP/2 connections open, per upstream instance",
+            m.upstream_connections.clone(),
+        );
+        registry.register(
+            "upstream_accounts",
+            "Accounts assigned, per upstream instance",
+            m.upstream_accounts.clone(),
+        );
+        registry.register(
+            "upstream_available",
+            "1 while an upstream instance takes new streams",
+            m.upstream_available.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Upstream instances taken out of rotation",
+            m.upstream_ejections.clone(),
+        );
+        registry.register(
+            "upstream_instances",
+            "Upstream instances known",
+            m.upstream_instances.clone(),
         );
         registry.register_with_unit(
             "message",

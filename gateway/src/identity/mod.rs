@@ -1,6 +1,11 @@
 //! Who an agent is and what it may serve: the [`Policy`] that maps identities
 //! to accounts (glob rules, nothing granted by default), and the [`AgentPeer`]
-//! the listener attaches to every request of an authenticated connection.
+//! the listener attaches to every request of an authenticated connection;
+//! [`owners`] keeps one identity per account, [`jwt`] checks bootstrap JWTs
+//! for agents without certificates.
+
+pub mod jwt;
+pub mod owners;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,12 +66,18 @@ pub const DEV_IDENTITY_HEADER: &str = "spinlink-dev-identity";
 /// request extensions by the listener.
 #[derive(Debug, Clone)]
 pub struct AgentPeer {
-    /// The identity from the agent's certificate (or, insecure, its header).
+    /// The identity from the agent's certificate (or its bootstrap JWT's
+    /// `sub`, or, insecure, its header).
     pub identity: Arc<str>,
     /// The binding of the connection the request arrived on.
     pub binding: ConnectionBinding,
     /// The agent's address.
     pub remote: SocketAddr,
+    /// The accounts this connection was granted; released when it ends.
+    pub grants: Arc<owners::ConnGrants>,
+    /// On a connection without a certificate: the verified bootstrap JWT of
+    /// this `Hello`, whose accounts claim grants instead of the policy.
+    pub bootstrap: Option<Arc<jwt::Bootstrap>>,
 }
 
 #[derive(Debug, Clone)]

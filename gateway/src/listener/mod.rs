@@ -12,6 +12,10 @@
 //!    from the TLS exporter — and served as HTTP/2; every request goes to
 //!    [`crate::tunnel::handle`] with that name.
 //!
+//! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
+//! by SNI, HTTP/1.1 and HTTP/2, requests routed as nginx would, agent names
+//! and tunnel paths still reaching step 4.
+//!
 //! Every refusal is counted by reason ([`crate::admin::Refusal`]). A connection
 //! with no open stream for `idleTimeoutSeconds` is closed. Past its maximum
 //! age (with jitter) the agent gets `Reconnect{max-age}` on its `Control`
@@ -20,6 +24,7 @@
 //! streams go on) and is closed when the grace period ends.
 
 pub mod cidr;
+pub mod ingress;
 pub mod limits;
 pub mod prefixed;
 pub mod proxy_protocol;
@@ -73,6 +78,8 @@ pub struct Settings {
     handshakes: Mutex<TokenBucket>,
     /// The shutdown grace, announced to agents in `Reconnect{draining}`.
     drain_grace: Duration,
+    /// Ingress routes served on this listener besides the agent tunnel.
+    ingress: Option<Arc<crate::ingress::Ingress>>,
 }
 
 #[derive(Debug)]
@@ -134,7 +141,15 @@ impl Settings {
                 Instant::now(),
             )),
             drain_grace,
+            ingress: None,
         }
+    }
+
+    /// Serves `ingress` on the listener too (see [`ingress`]).
+    #[must_use]
+    pub fn with_ingress(mut self, ingress: Arc<crate::ingress::Ingress>) -> Self {
+        self.ingress = Some(ingress);
+        self
     }
 }
 
@@ -313,6 +328,7 @@ impl Connection {
 
     async fn serve(mut self, mut stream: TcpStream) {
         let socket_peer = self.remote;
+        let local_port = stream.local_addr().map_or(0, |a| a.port());
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(remote = %socket_peer, error = %e, "setting TCP_NODELAY failed");
         }
@@ -343,6 +359,9 @@ impl Connection {
             }
         };
         let remote = self.remote;
+        if let Some(ingress) = self.settings.ingress.clone() {
+            return self.serve_ingress(ingress, stream, local_port).await;
+        }
 
         let Some(tls) = self.tls.clone() else {
             // Insecure listener: no TLS exporter, so a random value stands in
@@ -383,9 +402,34 @@ impl Connection {
                 }
             };
         self.shared.stats.metrics().handshake(true);
+        self.serve_agent(tls, remote).await;
+    }
+
+    /// An agent connection after its handshake: named, then served as HTTP/2.
+    async fn serve_agent(
+        self,
+        tls: tokio_rustls::server::TlsStream<Prefixed<TcpStream>>,
+        remote: SocketAddr,
+    ) {
         let (_, server) = tls.get_ref();
         let identity = match server.peer_certificates().and_then(|certs| certs.first()) {
             Some(leaf) => identity_from_cert(leaf, &self.sources),
+            // TLS lets a handshake without a certificate through only when
+            // JWT bootstrap is on; the first `Hello`'s JWT names the agent.
+            None if self.shared.jwt.is_some() => {
+                return match connection_binding(&**server) {
+                    Ok(binding) => {
+                        let peer = ConnPeer {
+                            identity: None,
+                            binding,
+                            remote,
+                            control: tunnel::ConnState::bootstrap(),
+                        };
+                        self.serve_h2(tls, peer).await
+                    }
+                    Err(e) => tracing::warn!(%remote, error = %e, "no connection binding; closing"),
+                };
+            }
             None => Ok(None),
         };
         let identity = match identity {

@@ -3,6 +3,11 @@
 //! upstream list picks the same sidecar, and adding or removing one moves only
 //! the accounts that must move.
 //!
+//! With bounded load ([`choose_bounded`], "consistent hashing with bounded
+//! loads", Mirrokni et al.) an account goes to the highest-scoring node that
+//! is below its capacity, `ceil(c · mean)` accounts, so no node takes more
+//! than `c` times its share however the names hash.
+//!
 //! The hash is a fixed function (FNV-1a then a SplitMix64 finaliser), not
 //! `std`'s hasher, so the choice is stable across builds and Rust versions.
 
@@ -33,6 +38,33 @@ pub fn choose<'a>(nodes: impl IntoIterator<Item = &'a str>, key: &str) -> Option
         .into_iter()
         .enumerate()
         .max_by(|(_, a), (_, b)| score(a, key).cmp(&score(b, key)).then_with(|| b.cmp(a)))
+        .map(|(i, _)| i)
+}
+
+/// The most accounts one of `nodes` nodes may hold when `accounts` are
+/// assigned (the new one included), with load factor `c` (at least 1):
+/// `ceil(c · accounts / nodes)`, and at least 1.
+pub fn capacity(accounts: usize, nodes: usize, c: f64) -> usize {
+    if nodes == 0 {
+        return 0;
+    }
+    let mean = accounts as f64 / nodes as f64;
+    ((c.max(1.0) * mean).ceil() as usize).max(1)
+}
+
+/// Like [`choose`], but skipping nodes whose load (second element) is at
+/// `capacity` or above: the highest-scoring node with room. `None` when
+/// every node is full or there is none.
+pub fn choose_bounded<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, usize)>,
+    key: &str,
+    capacity: usize,
+) -> Option<usize> {
+    nodes
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, load))| *load < capacity)
+        .max_by(|(_, (a, _)), (_, (b, _))| score(a, key).cmp(&score(b, key)).then_with(|| b.cmp(a)))
         .map(|(i, _)| i)
 }
 
@@ -80,7 +112,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn capacity_is_ceil_of_c_times_mean() {
+        assert_eq!(capacity(10, 4, 1.25), 4); // ceil(3.125)
+        assert_eq!(capacity(1, 4, 1.25), 1);
+        assert_eq!(capacity(8, 4, 1.0), 2);
+        assert_eq!(capacity(5, 0, 1.25), 0);
+    }
+
+    #[test]
+    fn bounded_skips_full_nodes_and_otherwise_agrees() {
+        let nodes = names(3);
+        let key = "acct";
+        let best = choose(nodes.iter().map(String::as_str), key).unwrap();
+        let loads = |full: Option<usize>| {
+            nodes
+                .iter()
+                .enumerate()
+                .map(move |(i, n)| (n.as_str(), if Some(i) == full { 5 } else { 0 }))
+        };
+        assert_eq!(choose_bounded(loads(None), key, 5), Some(best));
+        let next = choose_bounded(loads(Some(best)), key, 5).unwrap();
+        assert_ne!(next, best);
+        assert_eq!(choose_bounded(loads(None), key, 0), None);
+    }
+
     proptest! {
+        #[test]
+        fn bounded_load_never_exceeds_capacity(
+            n in 1usize..8,
+            c in 1.0f64..2.0,
+            accounts in proptest::collection::hash_set("[a-z0-9-]{1,12}", 1..200),
+        ) {
+            let nodes = names(n);
+            let mut loads = vec![0usize; n];
+            for (assigned, account) in accounts.iter().enumerate() {
+                let cap = capacity(assigned + 1, n, c);
+                let i = choose_bounded(
+                    nodes.iter().map(String::as_str).zip(loads.iter().copied()),
+                    account,
+                    cap,
+                );
+                // Total capacity always exceeds what is assigned, so there is room.
+                let i = i.expect("a node with room");
+                loads[i] += 1;
+                let bound = capacity(assigned + 1, n, c);
+                prop_assert!(loads.iter().all(|l| *l <= bound), "{loads:?} > {bound}");
+            }
+        }
+
         #[test]
         fn adding_a_node_moves_accounts_only_to_it(
             n in 1usize..8,

@@ -119,8 +119,14 @@ impl Material {
         }
         let provider = spinlink_tls::config::provider();
         let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()?;
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+        // Only with JWT bootstrap configured: a certificate, if sent, must
+        // still verify; without one the `Hello` must carry a bootstrap JWT.
+        let verifier = if files.client_certificate_optional {
+            verifier.allow_unauthenticated().build()?
+        } else {
+            verifier.build()?
+        };
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)

@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use spinlink_proto::v1::tunnel_server::Tunnel;
 use spinlink_proto::v1::{
@@ -60,6 +60,16 @@ impl HelloService {
             gateway_id: shared.gateway_id.clone(),
             ..HelloResponse::default()
         };
+        // A token granted on a bootstrap JWT outlives neither the token TTL
+        // nor the JWT.
+        let ttl = match &peer.bootstrap {
+            Some(bootstrap) => {
+                let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let left = Duration::from_secs(bootstrap.expires_at.saturating_sub(now_secs));
+                shared.token_ttl.min(left.max(Duration::from_secs(1)))
+            }
+            None => shared.token_ttl,
+        };
         let mut seen = HashSet::new();
         for account in &request.accounts {
             let name = account.name.as_str();
@@ -67,8 +77,27 @@ impl HelloService {
                 Some("empty account name".to_owned())
             } else if !seen.insert(name) {
                 Some(format!("account {name} offered twice"))
-            } else if !shared.policy.allows(identity, name) {
+            } else if !match &peer.bootstrap {
+                // A bootstrap JWT's accounts claim grants instead of the policy.
+                Some(bootstrap) => bootstrap.allows(name),
+                None => shared.policy.allows(identity, name),
+            } {
+                shared.stats.refuse(Refusal::Policy);
                 Some(format!("identity {identity} may not serve account {name}"))
+            } else if let Err(owner) = peer.grants.claim(&shared.owners, name, &peer.identity) {
+                shared.stats.refuse(Refusal::AccountOwned);
+                tracing::warn!(
+                    agent_id = %request.agent_id,
+                    identity,
+                    owner = &*owner,
+                    account = name,
+                    remote = %peer.remote,
+                    "account refused: already served by another identity"
+                );
+                // The owner is named in the log, not to the other agent.
+                Some(format!(
+                    "account {name} is already served by another identity on this gateway"
+                ))
             } else {
                 None
             };
@@ -93,7 +122,7 @@ impl HelloService {
             };
             let (token, expiry) = shared
                 .tokens
-                .issue(claims, now, shared.token_ttl)
+                .issue(claims, now, ttl)
                 .map_err(|e| Status::internal(e.to_string()))?;
             response.granted.push(ChannelGrant {
                 account: name.to_owned(),
@@ -134,7 +163,7 @@ impl Tunnel for HelloService {
             return Err(Status::unavailable("no connection to signal on"));
         };
         let (tx, rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        slot.set_control(tx);
         tracing::debug!(agent_id = %request.get_ref().agent_id, "control stream open");
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -195,9 +224,11 @@ mod tests {
             policy,
             tokens: TokenKey::generate().unwrap(),
             token_ttl: Duration::from_secs(60),
-            upstreams: Vec::new(),
+            upstreams: Arc::default(),
             stats: Arc::new(Stats::default()),
             limits: crate::tunnel::TunnelLimits::default(),
+            owners: Arc::default(),
+            jwt: None,
         }))
     }
 
@@ -215,6 +246,8 @@ mod tests {
             identity: "spiffe://spinlink.dev/agent/a1".into(),
             binding: ConnectionBinding([1; 32]),
             remote: "127.0.0.1:1".parse().unwrap(),
+            grants: Arc::default(),
+            bootstrap: None,
         };
         let now = UNIX_EPOCH + Duration::from_secs(1_000);
         let req = HelloRequest {
@@ -248,5 +281,34 @@ mod tests {
         assert!(svc.shared.tokens.verify(&g.token, claims, now).is_ok());
         let stats = svc.shared.stats.snapshot();
         assert_eq!((stats.accounts_granted, stats.accounts_refused), (2, 3));
+    }
+
+    #[test]
+    fn bootstrap_grants_follow_the_jwt_claim_and_end_with_it() {
+        let svc = service();
+        let mut accounts = globset::GlobSetBuilder::new();
+        accounts.add(globset::Glob::new("boot-*").unwrap());
+        let peer = AgentPeer {
+            identity: "cluster-7".into(),
+            binding: ConnectionBinding([2; 32]),
+            remote: "127.0.0.1:1".parse().unwrap(),
+            grants: Arc::default(),
+            bootstrap: Some(Arc::new(crate::identity::jwt::Bootstrap {
+                identity: "cluster-7".into(),
+                accounts: accounts.build().unwrap(),
+                expires_at: 1_030,
+            })),
+        };
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let req = HelloRequest {
+            accounts: vec![account("boot-1"), account("dev-1")],
+            ..HelloRequest::default()
+        };
+        let resp = svc.answer(&peer, &req, now).unwrap();
+        let granted: Vec<_> = resp.granted.iter().map(|g| g.account.as_str()).collect();
+        // The policy would grant dev-1 to a certificate; the JWT does not.
+        assert_eq!(granted, ["boot-1"]);
+        // 60 s TTL, but the JWT ends in 30.
+        assert_eq!(resp.granted[0].expires_at_unix, 1_030);
     }
 }

@@ -19,12 +19,14 @@ use spinlink_proto::v1::tunnel_server::TunnelServer;
 use tonic::body::Body;
 use tower::ServiceExt;
 
-use crate::admin::{Refusal, Stats};
+use crate::admin::{AuthFailure, Refusal, Stats};
 use crate::config::ListenerConfig;
+use crate::identity::jwt::{BOOTSTRAP_JWT_HEADER, JwtVerifier};
+use crate::identity::owners::{ConnGrants, Owners};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER, Policy};
 use crate::listener::limits::{KeyedBuckets, Slots};
 use crate::token::TokenKey;
-use crate::upstream::Upstream;
+use crate::upstream::UpstreamSet;
 
 /// Everything the streams of every connection share.
 #[derive(Debug)]
@@ -37,12 +39,17 @@ pub struct Shared {
     pub tokens: TokenKey,
     /// Lifetime of issued tokens.
     pub token_ttl: Duration,
-    /// The sidecars, in configuration order.
-    pub upstreams: Vec<Upstream>,
+    /// The sidecar instances and which account goes to which.
+    pub upstreams: Arc<UpstreamSet>,
     /// Counters.
     pub stats: Arc<Stats>,
     /// Per-identity limits on `Hello` and carried streams.
     pub limits: TunnelLimits,
+    /// Which identity serves each account on this replica.
+    pub owners: Arc<Owners>,
+    /// Checks bootstrap JWTs; `None` unless `jwtBootstrap` is configured
+    /// (then connections without a client certificate are refused by TLS).
+    pub jwt: Option<JwtVerifier>,
 }
 
 /// Limits that apply per identity, across its connections.
@@ -73,10 +80,49 @@ impl Default for TunnelLimits {
     }
 }
 
-/// Where a connection's `Control` stream takes its events from: the sender
-/// of the stream the agent opened last on this connection (one per
-/// connection; a second `Control` replaces the first, which then ends).
-pub type ControlSlot = Arc<Mutex<Option<ControlSender>>>;
+/// The state one agent connection keeps across its streams (named for its
+/// first use: where `Control` events go). Created by the listener with
+/// `ControlSlot::default()`; dropped when the connection ends.
+pub type ControlSlot = Arc<ConnState>;
+
+/// See [`ControlSlot`].
+#[derive(Debug, Default)]
+pub struct ConnState {
+    /// The sender of the `Control` stream the agent opened last on this
+    /// connection (a second `Control` replaces the first, which then ends).
+    control: Mutex<Option<ControlSender>>,
+    /// The accounts granted on this connection; released on drop.
+    grants: Arc<ConnGrants>,
+    /// Set by the listener on a TLS connection without a client certificate
+    /// (JWT bootstrap): the identity comes from the first `Hello`'s JWT.
+    bootstrap: bool,
+    /// The identity the first valid bootstrap JWT named; later `Hello`s must
+    /// name the same one, and `Cache`/`Relay`/`Control` use it.
+    bootstrap_identity: Mutex<Option<Arc<str>>>,
+}
+
+impl ConnState {
+    /// State of a TLS connection without a client certificate, whose identity
+    /// a bootstrap JWT in `Hello` will establish.
+    pub fn bootstrap() -> Arc<Self> {
+        Arc::new(Self {
+            bootstrap: true,
+            ..Self::default()
+        })
+    }
+
+    /// The sender of the connection's `Control` stream, replaced by `tx`.
+    pub fn set_control(&self, tx: ControlSender) {
+        *self.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    fn bootstrap_identity(&self) -> Option<Arc<str>> {
+        self.bootstrap_identity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
 
 /// The sending end of a `Control` stream.
 pub type ControlSender =
@@ -86,7 +132,12 @@ pub type ControlSender =
 /// open, and lets the stream end after it. Returns whether it was sent.
 pub fn send_reconnect(slot: &ControlSlot, reason: &str, deadline: Duration) -> bool {
     use spinlink_proto::v1::{ControlEvent, Reconnect, control_event};
-    let Some(tx) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    let Some(tx) = slot
+        .control
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    else {
         return false;
     };
     let event = ControlEvent {
@@ -104,7 +155,8 @@ pub fn send_reconnect(slot: &ControlSlot, reason: &str, deadline: Duration) -> b
 #[derive(Debug, Clone)]
 pub struct ConnPeer {
     /// The identity from the client certificate; `None` on an insecure
-    /// listener, where each request names itself in [`DEV_IDENTITY_HEADER`].
+    /// listener, where each request names itself in [`DEV_IDENTITY_HEADER`],
+    /// and on a JWT bootstrap connection ([`ConnState::bootstrap`]).
     pub identity: Option<Arc<str>>,
     /// The connection's binding.
     pub binding: spinlink_tls::binding::ConnectionBinding,
@@ -119,6 +171,8 @@ impl ConnPeer {
     fn agent(&self, req: &Request<Incoming>) -> Option<AgentPeer> {
         let identity = match &self.identity {
             Some(identity) => identity.clone(),
+            // Never the dev header on a TLS connection.
+            None if self.control.bootstrap => self.control.bootstrap_identity()?,
             None => req
                 .headers()
                 .get(DEV_IDENTITY_HEADER)
@@ -130,6 +184,71 @@ impl ConnPeer {
             identity,
             binding: self.binding,
             remote: self.remote,
+            grants: self.control.grants.clone(),
+            bootstrap: None,
+        })
+    }
+
+    /// The peer of a `Hello` on a bootstrap connection: the JWT in its
+    /// metadata names the identity. Errors are the response to send.
+    fn bootstrap_peer(
+        &self,
+        shared: &Shared,
+        req: &Request<Incoming>,
+    ) -> Result<AgentPeer, tonic::Status> {
+        let remote = self.remote;
+        let fail = |reason: &str, message: String| {
+            shared.stats.auth_failure(AuthFailure::BootstrapJwt);
+            // Why, never the JWT itself.
+            tracing::warn!(%remote, reason, "bootstrap Hello refused");
+            Err(tonic::Status::unauthenticated(message))
+        };
+        let Some(verifier) = &shared.jwt else {
+            return fail("disabled", "a client certificate is required".into());
+        };
+        let mut values = req.headers().get_all(BOOTSTRAP_JWT_HEADER).iter();
+        let (Some(jwt), None) = (values.next(), values.next()) else {
+            return fail(
+                "missing",
+                format!("no client certificate: send one `{BOOTSTRAP_JWT_HEADER}` bootstrap JWT"),
+            );
+        };
+        let Ok(jwt) = jwt.to_str() else {
+            return fail("malformed", "bootstrap JWT malformed".into());
+        };
+        let bootstrap = match verifier.verify(jwt, std::time::SystemTime::now()) {
+            Ok(b) => b,
+            Err(e) => return fail(e.as_str(), e.to_string()),
+        };
+        {
+            let mut held = self
+                .control
+                .bootstrap_identity
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match &*held {
+                Some(identity) if *identity != bootstrap.identity => {
+                    shared.stats.auth_failure(AuthFailure::BootstrapJwt);
+                    tracing::warn!(
+                        %remote,
+                        identity = &**identity,
+                        other = &*bootstrap.identity,
+                        "bootstrap Hello refused: connection belongs to another identity"
+                    );
+                    return Err(tonic::Status::permission_denied(
+                        "this connection was bootstrapped with another identity",
+                    ));
+                }
+                Some(_) => {}
+                None => *held = Some(bootstrap.identity.clone()),
+            }
+        }
+        Ok(AgentPeer {
+            identity: bootstrap.identity.clone(),
+            binding: self.binding,
+            remote,
+            grants: self.control.grants.clone(),
+            bootstrap: Some(Arc::new(bootstrap)),
         })
     }
 }
@@ -140,10 +259,20 @@ pub async fn handle(
     conn: &ConnPeer,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    let Some(peer) = conn.agent(&req) else {
-        return status::unauthenticated(format!(
-            "no agent identity (insecure listener: send `{DEV_IDENTITY_HEADER}`)"
-        ));
+    let peer = if conn.control.bootstrap && req.uri().path() == paths::HELLO {
+        match conn.bootstrap_peer(&shared, &req) {
+            Ok(peer) => peer,
+            Err(refused) => return status::response(refused),
+        }
+    } else {
+        let Some(peer) = conn.agent(&req) else {
+            return status::unauthenticated(if conn.control.bootstrap {
+                "no agent identity: call Hello with a bootstrap JWT first".to_owned()
+            } else {
+                format!("no agent identity (insecure listener: send `{DEV_IDENTITY_HEADER}`)")
+            });
+        };
+        peer
     };
     match req.uri().path() {
         paths::HELLO => {

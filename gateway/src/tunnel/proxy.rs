@@ -8,6 +8,7 @@
 //! slots until its response body ends or is dropped.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
@@ -28,9 +29,8 @@ use crate::admin::metrics::UpstreamLabel;
 use crate::admin::{Counter, Refusal, Stats};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
 use crate::listener::limits::Slot;
-use crate::route;
 use crate::token::Claims;
-use crate::upstream::{BoxError, RequestBody, Target};
+use crate::upstream::{BoxError, Lease, RequestBody, Target};
 
 /// Headers that describe one hop, not the message, and are never forwarded.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -99,12 +99,11 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
         ));
     };
 
-    let Some(upstream) = route::choose(shared.upstreams.iter().map(|u| u.target().url()), &account)
-        .and_then(|i| shared.upstreams.get(i))
-    else {
+    let Some(lease) = shared.upstreams.pick(&account) else {
         shared.stats.incr(Counter::UpstreamUnavailable);
-        return status::unavailable("no upstream configured");
+        return status::unavailable("no upstream instance");
     };
+    let upstream = lease.instance().upstream();
     let upstream_req = match upstream_request(req, upstream.target(), identity, &account) {
         Ok(r) => r,
         Err(message) => {
@@ -114,6 +113,7 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
     };
     match upstream.send(upstream_req).await {
         Ok(response) => {
+            shared.upstreams.stream_ok(lease.instance());
             shared.stats.incr(Counter::StreamsForwarded);
             tracing::info!(
                 identity,
@@ -131,18 +131,22 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
             metrics.streams.get_or_create(&label).inc();
             metrics.streams_open.get_or_create(&label).inc();
             let stats = shared.stats.clone();
+            let gone = Box::pin(lease.gone().clone().cancelled_owned());
             response.map(|body| {
                 Body::new(UpstreamBody {
-                    inner: body,
+                    inner: Some(body),
                     url,
                     failed: false,
                     stats,
                     label,
+                    gone,
+                    _lease: lease,
                     _slot: slot,
                 })
             })
         }
         Err(e) => {
+            shared.upstreams.stream_failed(lease.instance());
             shared.stats.incr(Counter::UpstreamUnavailable);
             tracing::warn!(identity, account, method, error = %e, "upstream unavailable");
             status::unavailable(format!("upstream {} unavailable", upstream.target().url()))
@@ -185,6 +189,7 @@ fn dropped(name: &HeaderName, value: &HeaderValue, listed: &[HeaderName]) -> boo
         || (name == header::TE && value.as_bytes() != b"trailers")
         || n == headers::TOKEN
         || n == DEV_IDENTITY_HEADER
+        || n == crate::identity::jwt::BOOTSTRAP_JWT_HEADER
         || n.starts_with(headers::VERIFIED_PREFIX)
 }
 
@@ -243,11 +248,15 @@ fn upstream_request(
 /// upstream stream breaks midway the agent gets `Unavailable` trailers rather
 /// than a bare reset, so it can tell "sidecar gone" from "gateway bug".
 struct UpstreamBody {
-    inner: Incoming,
+    /// Taken (and so reset towards the sidecar) when the instance goes.
+    inner: Option<Incoming>,
     url: String,
     failed: bool,
     stats: std::sync::Arc<Stats>,
     label: UpstreamLabel,
+    /// Ready when the instance left the set or rotation.
+    gone: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    _lease: Lease,
     _slot: Slot<std::sync::Arc<str>>,
 }
 
@@ -273,7 +282,20 @@ impl http_body::Body for UpstreamBody {
         if self.failed {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        if self.gone.as_mut().poll(cx).is_ready() {
+            // Retryable: the agent reopens the stream, on the new owner.
+            self.failed = true;
+            self.inner = None;
+            tracing::info!(upstream = %self.url, "upstream instance gone; stream ended");
+            let trailers = status::trailers(&Status::unavailable(
+                "upstream instance gone; reopen the stream",
+            ));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.stats.metrics().carried(false, data.len() as u64);
@@ -292,7 +314,7 @@ impl http_body::Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.failed || self.inner.is_end_stream()
+        self.failed || self.inner.as_ref().is_none_or(|i| i.is_end_stream())
     }
 }
 
@@ -318,6 +340,7 @@ mod tests {
         assert!(!keep("spinlink-verified-identity", "forged"));
         assert!(!keep("spinlink-verified-anything", "forged"));
         assert!(!keep("spinlink-dev-identity", "forged"));
+        assert!(!keep("spinlink-bootstrap-jwt", "a.b.c"));
         assert!(!keep("connection", "x-listed"));
         assert!(!keep("x-listed", "1"));
         assert!(!keep("host", "evil"));

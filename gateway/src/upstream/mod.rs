@@ -1,8 +1,18 @@
-//! The gateway's HTTP/2 client towards the sidecars: per sidecar a small pool
-//! of long-lived connections (mTLS for `https://`, h2c with prior knowledge
-//! for `http://`), dialled lazily and again when one closes. Many agent
-//! streams multiplex on each connection; HTTP/2 flow control is per stream,
-//! so one slow account does not stall the others.
+//! The gateway's HTTP/2 client towards the sidecars. Start at [`set`]: the
+//! live set of sidecar instances (from the static list, DNS and EndpointSlice
+//! [`discovery`]), which account goes to which (rendezvous hashing with
+//! bounded load), and [`health`] checks and outlier ejection taking instances
+//! out of rotation. Here: per instance an [`Upstream`], a small pool of
+//! long-lived connections (mTLS for `https://`, h2c with prior knowledge for
+//! `http://`), dialled lazily and again when one closes. Many agent streams
+//! multiplex on each connection; HTTP/2 flow control is per stream, so one
+//! slow account does not stall the others.
+
+pub mod discovery;
+pub mod health;
+pub mod set;
+
+pub use set::{Instance, Lease, UpstreamSet};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,6 +114,10 @@ pub struct Target {
     authority: Authority,
     host: String,
     port: u16,
+    /// The name the sidecar's certificate is checked against when it is not
+    /// `host` (an instance found by DNS or EndpointSlice is dialled by
+    /// address but named as configured).
+    tls_name: Option<String>,
 }
 
 impl Target {
@@ -146,7 +160,32 @@ impl Target {
             scheme,
             authority,
             host,
+            tls_name: None,
         })
+    }
+
+    /// One instance of this (configured) target at `addr`: dialled there,
+    /// named `scheme://addr` in logs and metrics, but with this target's
+    /// authority on requests and its host as the TLS name.
+    pub fn instance(&self, addr: std::net::SocketAddr) -> Self {
+        Self {
+            url: format!("{}://{addr}", self.scheme),
+            scheme: self.scheme.clone(),
+            authority: self.authority.clone(),
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            tls_name: Some(self.tls_name.clone().unwrap_or_else(|| self.host.clone())),
+        }
+    }
+
+    /// The host name (or address) in the URL.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port dialled.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Whether the upstream is reached over TLS.
@@ -222,6 +261,7 @@ pub struct Upstream {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     slots: Box<[Mutex<Option<SendRequest<RequestBody>>>]>,
     next: AtomicUsize,
+    connections: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -248,8 +288,11 @@ impl Upstream {
             (true, Some(tls)) => {
                 let name = match &tls.server_name {
                     Some(name) => name.clone(),
-                    None => ServerName::try_from(target.host.clone())
-                        .map_err(|_| Error::InvalidServerName(target.host.clone()))?,
+                    None => {
+                        let host = target.tls_name.as_ref().unwrap_or(&target.host);
+                        ServerName::try_from(host.clone())
+                            .map_err(|_| Error::InvalidServerName(host.clone()))?
+                    }
                 };
                 Some((TlsConnector::from(tls.config.clone()), name))
             }
@@ -260,12 +303,31 @@ impl Upstream {
             tls,
             slots,
             next: AtomicUsize::new(0),
+            connections: None,
         })
+    }
+
+    /// Counts this pool's open connections in `gauge`.
+    #[must_use]
+    pub fn with_connection_gauge(
+        mut self,
+        gauge: prometheus_client::metrics::gauge::Gauge,
+    ) -> Self {
+        self.connections = Some(gauge);
+        self
     }
 
     /// Where this pool connects.
     pub fn target(&self) -> &Target {
         &self.target
+    }
+
+    /// Drops the pool's connections: streams in flight finish, the
+    /// connections close once they have none.
+    pub async fn close(&self) {
+        for slot in &*self.slots {
+            slot.lock().await.take();
+        }
     }
 
     /// Sends `req` on one of the pool's connections and returns the response
@@ -359,10 +421,18 @@ impl Upstream {
                 source,
             })?;
         let url = self.target.url.clone();
+        let gauge = self.connections.clone();
+        if let Some(g) = &gauge {
+            g.inc();
+        }
         // The connection task ends when the peer closes, a PING times out, or
         // every sender (the pool's and in-flight streams') is gone.
         tokio::spawn(async move {
-            match connection.await {
+            let result = connection.await;
+            if let Some(g) = gauge {
+                g.dec();
+            }
+            match result {
                 Ok(()) => tracing::debug!(upstream = %url, "upstream connection closed"),
                 Err(e) => tracing::info!(upstream = %url, error = %e, "upstream connection ended"),
             }
@@ -387,6 +457,19 @@ mod tests {
         assert_eq!((t.host.as_str(), t.port), ("::1", 7001));
         let t = Target::parse("https://sidecar.example").unwrap();
         assert_eq!(t.port, 443);
+    }
+
+    #[test]
+    fn instances_dial_the_address_but_keep_the_name() {
+        let t = Target::parse("https://sidecar.spinlink.svc:7001").unwrap();
+        let i = t.instance("10.0.0.5:7002".parse().unwrap());
+        assert_eq!(i.url(), "https://10.0.0.5:7002");
+        assert_eq!((i.host(), i.port()), ("10.0.0.5", 7002));
+        assert_eq!(i.authority().as_str(), "sidecar.spinlink.svc:7001");
+        assert_eq!(i.tls_name.as_deref(), Some("sidecar.spinlink.svc"));
+        let v6 = t.instance("[fd00::1]:7001".parse().unwrap());
+        assert_eq!(v6.url(), "https://[fd00::1]:7001");
+        assert_eq!(v6.host(), "fd00::1");
     }
 
     #[test]

@@ -272,6 +272,7 @@ pub struct RunningGateway {
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
     pub stats: Arc<Stats>,
+    pub upstreams: Arc<spinlink_gateway::upstream::UpstreamSet>,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<spinlink_gateway::Result<()>>,
 }
@@ -304,12 +305,14 @@ pub async fn start_gateway(yaml: &str) -> RunningGateway {
     let addr = gateway.local_addr();
     let admin = gateway.admin_addr();
     let stats = gateway.stats();
+    let upstreams = gateway.upstreams();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(gateway.run(shutdown.clone()));
     RunningGateway {
         addr,
         admin,
         stats,
+        upstreams,
         shutdown,
         task,
     }

@@ -1,0 +1,564 @@
+//! Ingress: the gateway as Spinnaker's front door for Deck (UI), Gate (API)
+//! and gRPC services, on the agents' listener.
+//!
+//! The configuration is nginx-compat's model ([`spinlink_nginx_compat::Ingress`],
+//! the `ingress:` key, or `--nginx-config`), compiled once here
+//! ([`Ingress::compile`]): server names, location trees, header templates
+//! ([`vars`]), upstream pools ([`proxy`]) and per-server TLS ([`tls`]).
+//! Per request ([`Ingress::handle`]), in nginx's order:
+//!
+//! 1. the server by Host / `:authority` (exact name, then the longest
+//!    leading wildcard, then trailing wildcard, else the default server);
+//!    421 when it differs from a client-certificate-checking SNI server;
+//! 2. the client certificate verdict the server's `ssl_verify_client` asks
+//!    for (400 otherwise);
+//! 3. the location (exact, else the longest prefix, nested ones first; 404
+//!    when none or it passes nowhere);
+//! 4. `client_max_body_size` (413), then [`proxy::forward`] to the pool.
+//!
+//! Start at [`Ingress::compile`]; the listener calls [`Ingress::handle`] (see
+//! `listener/ingress.rs`) and falls back to the agent tunnel for
+//! `/spinlink.v1.Tunnel/` paths no location claims.
+
+pub mod from_nginx;
+pub mod proxy;
+pub mod tls;
+pub mod vars;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use rustls::pki_types::CertificateDer;
+use spinlink_nginx_compat as nginx;
+use spinlink_nginx_compat::{MatchKind, VerifyClient};
+
+use self::proxy::Pool;
+use self::tls::{ClientVerify, ServerTlsConfig};
+use self::vars::Template;
+
+/// A configuration error: the key under `ingress` and what is wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct CompileError {
+    /// Path of the key, e.g. `servers[1].locations[0].headers[2]`.
+    pub key: String,
+    /// What is wrong (naming the nginx source line where there is one).
+    pub message: String,
+}
+
+fn err(key: impl Into<String>, message: impl Into<String>) -> CompileError {
+    CompileError {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// A `server_name` as matched.
+#[derive(Debug, Clone)]
+enum Name {
+    Exact(String),
+    /// `*.example.com` or `.example.com` (the latter also matches `example.com`).
+    Leading {
+        suffix: String,
+        bare: Option<String>,
+    },
+    /// `www.example.*`.
+    Trailing(String),
+}
+
+impl Name {
+    fn parse(s: &str) -> Self {
+        let s = s.to_ascii_lowercase();
+        if let Some(rest) = s.strip_prefix("*.") {
+            Name::Leading {
+                suffix: format!(".{rest}"),
+                bare: None,
+            }
+        } else if let Some(rest) = s.strip_prefix('.') {
+            Name::Leading {
+                suffix: format!(".{rest}"),
+                bare: Some(rest.to_owned()),
+            }
+        } else if let Some(rest) = s.strip_suffix(".*") {
+            Name::Trailing(format!("{rest}."))
+        } else {
+            Name::Exact(s)
+        }
+    }
+}
+
+/// A compiled location.
+#[derive(Debug)]
+struct Route {
+    kind: MatchKind,
+    path: String,
+    target: Option<RouteTarget>,
+    children: Vec<Route>,
+}
+
+#[derive(Debug)]
+struct RouteTarget {
+    pool: Arc<Pool>,
+    grpc: bool,
+    uri: Option<String>,
+    /// Header name (lowercase) → value template; an empty value removes it.
+    headers: Vec<(http::HeaderName, Option<Template>)>,
+    read_timeout: Duration,
+    /// `None`: unlimited (`client_max_body_size 0`).
+    max_body: Option<u64>,
+    location_path: String,
+    exact: bool,
+}
+
+/// A compiled `server` block.
+#[derive(Debug)]
+struct VServer {
+    names: Vec<Name>,
+    first_name: String,
+    verify: VerifyClient,
+    tls: Option<Arc<ServerTlsConfig>>,
+    routes: Vec<Route>,
+}
+
+/// The compiled ingress.
+#[derive(Debug)]
+pub struct Ingress {
+    servers: Vec<VServer>,
+    default: usize,
+    /// Any server listens with `ssl`.
+    tls: bool,
+}
+
+/// What the listener learned about a connection, for every request on it.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client (from the PROXY header when believed).
+    pub remote: SocketAddr,
+    /// The gateway's port.
+    pub local_port: u16,
+    /// The SNI name the client sent.
+    pub sni: Option<String>,
+    /// The server the handshake was made for (index into the servers).
+    pub tls_server: Option<usize>,
+    /// The client certificate's verdict.
+    pub verify: ClientVerify,
+    /// `$ssl_client_escaped_cert` of the leaf, when one was presented.
+    pub client_cert_escaped: Arc<str>,
+}
+
+impl ConnInfo {
+    /// Facts of a connection with verdict from `tls_server` on `chain`.
+    pub fn new(
+        remote: SocketAddr,
+        local_port: u16,
+        sni: Option<String>,
+        tls_server: Option<usize>,
+        verify: ClientVerify,
+        chain: Option<&[CertificateDer<'static>]>,
+    ) -> Self {
+        let client_cert_escaped = chain
+            .and_then(|c| c.first())
+            .map(|leaf| vars::escape_pem(leaf.as_ref()))
+            .unwrap_or_default();
+        Self {
+            remote,
+            local_port,
+            sni,
+            tls_server,
+            verify,
+            client_cert_escaped: client_cert_escaped.into(),
+        }
+    }
+}
+
+/// The response body type of the listener's service.
+pub type Body = tonic::body::Body;
+
+impl Ingress {
+    /// Compiles the model: upstream names resolve, variables are known,
+    /// certificates load. Every error names the key.
+    pub fn compile(model: &nginx::Ingress) -> Result<Self, CompileError> {
+        if model.servers.is_empty() {
+            return Err(err("servers", "at least one server is required"));
+        }
+        let mut pools: HashMap<(String, bool), Arc<Pool>> = HashMap::new();
+        let mut servers = Vec::with_capacity(model.servers.len());
+        let mut default = None;
+        let tls_any = model
+            .servers
+            .iter()
+            .any(|s| s.listens.iter().any(|l| l.ssl));
+        let ports: std::collections::BTreeSet<u16> = model
+            .servers
+            .iter()
+            .flat_map(|s| s.listens.iter().map(|l| l.port))
+            .collect();
+        if ports.len() > 1 {
+            return Err(err(
+                "servers",
+                format!(
+                    "the gateway serves one port, the servers listen on {ports:?}; \
+                     put them on one port (they are told apart by name)"
+                ),
+            ));
+        }
+        for (si, s) in model.servers.iter().enumerate() {
+            let key = format!("servers[{si}]");
+            let ssl = s.listens.iter().any(|l| l.ssl);
+            if ssl != tls_any {
+                return Err(err(
+                    &key,
+                    format!("({}) mixes ssl and plain listens on one port", s.source),
+                ));
+            }
+            if let Some(real_ip) = &s.real_ip
+                && real_ip.header != nginx::RealIpHeader::ProxyProtocol
+            {
+                return Err(err(
+                    format!("{key}.realIp.header"),
+                    format!(
+                        "({}) only `real_ip_header proxy_protocol` is served",
+                        s.source
+                    ),
+                ));
+            }
+            let http2 = s.http2 || s.listens.iter().any(|l| l.http2);
+            let tls = match (&s.tls, ssl) {
+                (Some(t), true) => {
+                    Some(Arc::new(ServerTlsConfig::load(t, http2).map_err(|m| {
+                        err(format!("{key}.tls"), format!("({}) {m}", s.source))
+                    })?))
+                }
+                (None, true) => {
+                    return Err(err(
+                        format!("{key}.tls"),
+                        format!("({}) no \"ssl_certificate\" is defined", s.source),
+                    ));
+                }
+                _ => None,
+            };
+            if default.is_none() && s.listens.iter().any(|l| l.default_server) {
+                default = Some(si);
+            }
+            let mut routes = Vec::new();
+            for (li, l) in s.locations.iter().enumerate() {
+                routes.push(compile_location(
+                    model,
+                    l,
+                    &format!("{key}.locations[{li}]"),
+                    &mut pools,
+                )?);
+            }
+            servers.push(VServer {
+                names: s.server_names.iter().map(|n| Name::parse(n)).collect(),
+                first_name: s.server_names.first().cloned().unwrap_or_default(),
+                verify: s
+                    .tls
+                    .as_ref()
+                    .map_or(VerifyClient::Off, |t| t.verify_client),
+                tls,
+                routes,
+            });
+        }
+        Ok(Self {
+            servers,
+            default: default.unwrap_or(0),
+            tls: tls_any,
+        })
+    }
+
+    /// Whether connections are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The server for a host name (request or SNI), by nginx's order.
+    pub fn find_server(&self, host: &str) -> Option<usize> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(i) = self.servers.iter().position(|s| {
+            s.names
+                .iter()
+                .any(|n| matches!(n, Name::Exact(e) if *e == host))
+        }) {
+            return Some(i);
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (i, s) in self.servers.iter().enumerate() {
+            for n in &s.names {
+                if let Name::Leading { suffix, bare } = n {
+                    let hit = host.ends_with(suffix.as_str()) || bare.as_deref() == Some(&host);
+                    if hit && best.is_none_or(|(_, len)| suffix.len() > len) {
+                        best = Some((i, suffix.len()));
+                    }
+                }
+            }
+        }
+        if let Some((i, _)) = best {
+            return Some(i);
+        }
+        self.servers.iter().position(|s| {
+            s.names
+                .iter()
+                .any(|n| matches!(n, Name::Trailing(p) if host.starts_with(p.as_str())))
+        })
+    }
+
+    /// The server whose TLS settings a handshake with `sni` uses, and them.
+    pub fn tls_for(&self, sni: Option<&str>) -> Option<(usize, Arc<ServerTlsConfig>)> {
+        let i = sni
+            .and_then(|n| self.find_server(n))
+            .unwrap_or(self.default);
+        let tls = self.servers[i].tls.clone()?;
+        Some((i, tls))
+    }
+
+    /// Verifies a presented chain with the settings of server `i`.
+    pub fn verify(&self, i: usize, chain: Option<&[CertificateDer<'static>]>) -> ClientVerify {
+        self.servers[i]
+            .tls
+            .as_ref()
+            .map_or(ClientVerify::None, |t| t.verify_peer(chain))
+    }
+
+    /// Whether some location claims `(host, path)` — otherwise the listener
+    /// may hand the request to the agent tunnel.
+    pub fn claims(&self, req: &Request<Incoming>, conn: &ConnInfo) -> bool {
+        let server = &self.servers[self.server_for(req, conn)];
+        select(&server.routes, req.uri().path()).is_some_and(|r| r.target.is_some())
+    }
+
+    fn server_for(&self, req: &Request<Incoming>, conn: &ConnInfo) -> usize {
+        match request_host(req) {
+            Some(host) => self.find_server(&host).unwrap_or(self.default),
+            None => conn
+                .sni
+                .as_deref()
+                .and_then(|n| self.find_server(n))
+                .unwrap_or(self.default),
+        }
+    }
+
+    /// Serves one request.
+    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+        let host = request_host(&req);
+        let si = self.server_for(&req, conn);
+        let server = &self.servers[si];
+        // nginx refuses a request for another server than the one whose
+        // client-certificate settings the handshake used (421).
+        if let (Some(tls_server), Some(sni), Some(h)) = (conn.tls_server, &conn.sni, &host)
+            && !sni.eq_ignore_ascii_case(h)
+            && self.servers[tls_server].verify != VerifyClient::Off
+            && tls_server != si
+        {
+            return error_page(StatusCode::MISDIRECTED_REQUEST, "421 Misdirected Request");
+        }
+        match (server.verify, &conn.verify) {
+            (VerifyClient::On, ClientVerify::None) => {
+                return error_page(
+                    StatusCode::BAD_REQUEST,
+                    "400 No required SSL certificate was sent",
+                );
+            }
+            (VerifyClient::On | VerifyClient::Optional, ClientVerify::Failed(reason)) => {
+                tracing::info!(remote = %conn.remote, reason, "client certificate refused");
+                return error_page(StatusCode::BAD_REQUEST, "400 The SSL certificate error");
+            }
+            _ => {}
+        }
+        let Some(route) = select(&server.routes, req.uri().path()) else {
+            return error_page(StatusCode::NOT_FOUND, "404 Not Found");
+        };
+        let Some(target) = &route.target else {
+            return error_page(StatusCode::NOT_FOUND, "404 Not Found");
+        };
+        if let Some(max) = target.max_body
+            && let Some(len) = req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+            && len > max
+        {
+            return error_page(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "413 Request Entity Too Large",
+            );
+        }
+        let host = host.unwrap_or_else(|| server.first_name.clone());
+        proxy::forward(target_ctx(target, server, conn, &host), req).await
+    }
+}
+
+fn target_ctx<'a>(
+    target: &'a RouteTarget,
+    server: &'a VServer,
+    conn: &'a ConnInfo,
+    host: &'a str,
+) -> proxy::Ctx<'a> {
+    proxy::Ctx {
+        pool: &target.pool,
+        grpc: target.grpc,
+        uri: target.uri.as_deref(),
+        location_path: &target.location_path,
+        exact: target.exact,
+        headers: &target.headers,
+        read_timeout: target.read_timeout,
+        max_body: target.max_body,
+        host,
+        server_name: &server.first_name,
+        conn,
+    }
+}
+
+fn compile_location(
+    model: &nginx::Ingress,
+    l: &nginx::Location,
+    key: &str,
+    pools: &mut HashMap<(String, bool), Arc<Pool>>,
+) -> Result<Route, CompileError> {
+    let target = match &l.target {
+        None => None,
+        Some(t) => {
+            let grpc = matches!(t.protocol, nginx::Protocol::Grpc | nginx::Protocol::Grpcs);
+            if matches!(t.protocol, nginx::Protocol::Https | nginx::Protocol::Grpcs) {
+                return Err(err(
+                    format!("{key}.target.protocol"),
+                    format!(
+                        "({}) TLS to upstreams (https://, grpcs://) is not served yet; \
+                         use http:// or grpc:// (docs/ingress.md)",
+                        l.source
+                    ),
+                ));
+            }
+            let (name, servers) = match &t.backend {
+                nginx::Backend::Upstream { name } => {
+                    let u = model.upstream(name).ok_or_else(|| {
+                        err(
+                            format!("{key}.target.backend"),
+                            format!("({}) no upstream \"{name}\"", l.source),
+                        )
+                    })?;
+                    (name.clone(), u.servers.clone())
+                }
+                nginx::Backend::Address { host, port } => (
+                    format!("{host}:{port}"),
+                    vec![nginx::UpstreamServer {
+                        host: host.clone(),
+                        port: *port,
+                        weight: 1,
+                        max_fails: 1,
+                        fail_timeout_ms: 10_000,
+                        backup: false,
+                        down: false,
+                    }],
+                ),
+            };
+            let pool = pools
+                .entry((name.clone(), grpc))
+                .or_insert_with(|| Arc::new(Pool::new(&name, &servers, grpc)))
+                .clone();
+            if pool.is_empty() {
+                return Err(err(
+                    format!("{key}.target.backend"),
+                    format!("({}) upstream \"{name}\" has no usable server", l.source),
+                ));
+            }
+            let mut headers = Vec::with_capacity(l.headers.len());
+            for (hi, h) in l.headers.iter().enumerate() {
+                let hkey = format!("{key}.headers[{hi}]");
+                let name = http::HeaderName::from_bytes(h.name.to_ascii_lowercase().as_bytes())
+                    .map_err(|e| err(&hkey, format!("({}) {e}", l.source)))?;
+                let value = if h.value.is_empty() {
+                    None
+                } else {
+                    Some(
+                        Template::compile(&h.value)
+                            .map_err(|m| err(&hkey, format!("({}) {m}", l.source)))?,
+                    )
+                };
+                headers.push((name, value));
+            }
+            Some(RouteTarget {
+                pool,
+                grpc,
+                uri: t.uri.clone(),
+                headers,
+                read_timeout: Duration::from_millis(l.read_timeout_ms.max(1)),
+                max_body: l.client_max_body_size.filter(|&n| n > 0),
+                location_path: l.path.clone(),
+                exact: l.match_kind == MatchKind::Exact,
+            })
+        }
+    };
+    let mut children = Vec::new();
+    for (ci, c) in l.locations.iter().enumerate() {
+        children.push(compile_location(
+            model,
+            c,
+            &format!("{key}.locations[{ci}]"),
+            pools,
+        )?);
+    }
+    Ok(Route {
+        kind: l.match_kind,
+        path: l.path.clone(),
+        target,
+        children,
+    })
+}
+
+/// nginx's location choice (as `Server::select_location`).
+fn select<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
+    if let Some(exact) = routes
+        .iter()
+        .find(|r| r.kind == MatchKind::Exact && r.path == path)
+    {
+        return Some(exact);
+    }
+    let best = routes
+        .iter()
+        .filter(|r| r.kind == MatchKind::Prefix && path.starts_with(r.path.as_str()))
+        .max_by_key(|r| r.path.len())?;
+    Some(select(&best.children, path).unwrap_or(best))
+}
+
+/// The host a request names: HTTP/2 `:authority`, else `Host`; without the
+/// port, lowercase.
+fn request_host(req: &Request<Incoming>) -> Option<String> {
+    let raw = match req.uri().authority() {
+        Some(a) => a.host().to_owned(),
+        None => {
+            let h = req.headers().get(http::header::HOST)?.to_str().ok()?;
+            let h = h.trim();
+            if let Some(rest) = h.strip_prefix('[') {
+                format!("[{}]", rest.split(']').next().unwrap_or(""))
+            } else {
+                h.split(':').next().unwrap_or("").to_owned()
+            }
+        }
+    };
+    let raw = raw.trim_end_matches('.').to_ascii_lowercase();
+    (!raw.is_empty()).then_some(raw)
+}
+
+/// An error response shaped like nginx's built-in pages.
+pub fn error_page(status: StatusCode, title: &str) -> Response<Body> {
+    let body = format!(
+        "<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n<center><h1>{title}</h1></center>\r\n<hr><center>spinlink</center>\r\n</body>\r\n</html>\r\n"
+    );
+    let mut resp = Response::new(Body::new(http_body_util::Full::new(Bytes::from(body))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,482 @@
+//! Carrying one ingress request to its upstream pool and the answer back.
+//!
+//! [`Pool`] holds an `upstream` block's servers (weights as repetition in a
+//! round-robin ring, `backup` servers tried after every primary, `down` ones
+//! never) and a pooled hyper client: HTTP/1.1 for `proxy_pass http://`, h2c
+//! with prior knowledge for `grpc_pass grpc://`. A server that refuses the
+//! connection is skipped for the next one when the request has no body to
+//! replay (nginx's `proxy_next_upstream error`).
+//!
+//! [`forward`] rewrites the URI as `proxy_pass` with a URI part does, drops
+//! hop-by-hop headers, adds `X-Forwarded-For/-Proto/-Host`, applies the
+//! location's `proxy_set_header` templates (an empty value removes), bounds a
+//! body without `Content-Length` by `client_max_body_size`, waits at most the
+//! read timeout for the response head (504) and between body frames, and
+//! splices an HTTP/1.1 `Upgrade` (WebSocket) through once both sides agree.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::vars::{Template, Vars};
+use super::{Body, ConnInfo, error_page};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ReqBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// Most ring entries one server's `weight=` makes.
+const MAX_WEIGHT: u32 = 100;
+/// Idle pooled connections kept per upstream server.
+const POOL_IDLE_PER_HOST: usize = 32;
+
+/// An upstream pool and its client.
+#[derive(Debug)]
+pub struct Pool {
+    name: String,
+    /// Primaries in weighted order.
+    ring: Vec<SocketAddrOrName>,
+    backups: Vec<SocketAddrOrName>,
+    next: AtomicUsize,
+    client: Client<HttpConnector, ReqBody>,
+}
+
+/// `host:port` as the client dials it.
+type SocketAddrOrName = String;
+
+impl Pool {
+    /// A pool of `servers`; `h2` speaks h2c with prior knowledge.
+    pub fn new(name: &str, servers: &[spinlink_nginx_compat::UpstreamServer], h2: bool) -> Self {
+        let addr = |s: &spinlink_nginx_compat::UpstreamServer| {
+            if s.host.contains(':') {
+                format!("[{}]:{}", s.host, s.port)
+            } else {
+                format!("{}:{}", s.host, s.port)
+            }
+        };
+        let mut ring = Vec::new();
+        let mut backups = Vec::new();
+        for s in servers.iter().filter(|s| !s.down) {
+            if s.backup {
+                backups.push(addr(s));
+            } else {
+                for _ in 0..s.weight.clamp(1, MAX_WEIGHT) {
+                    ring.push(addr(s));
+                }
+            }
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(60)));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
+            .http2_only(h2);
+        Self {
+            name: name.to_owned(),
+            ring,
+            backups,
+            next: AtomicUsize::new(0),
+            client: builder.build(connector),
+        }
+    }
+
+    /// No server can be tried.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty() && self.backups.is_empty()
+    }
+
+    /// Servers in the order this request tries them.
+    fn order(&self) -> impl Iterator<Item = &str> {
+        let n = self.ring.len();
+        let start = if n == 0 {
+            0
+        } else {
+            self.next.fetch_add(1, Ordering::Relaxed) % n
+        };
+        let mut seen: Vec<&str> = Vec::new();
+        for i in 0..n {
+            let a = self.ring[(start + i) % n].as_str();
+            if !seen.contains(&a) {
+                seen.push(a);
+            }
+        }
+        seen.into_iter()
+            .chain(self.backups.iter().map(String::as_str))
+    }
+}
+
+/// What [`forward`] needs from the route and the connection.
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    /// The pool.
+    pub pool: &'a Pool,
+    /// gRPC (`grpc_pass`).
+    pub grpc: bool,
+    /// `proxy_pass`'s URI part.
+    pub uri: Option<&'a str>,
+    /// The location's path.
+    pub location_path: &'a str,
+    /// The location is `=`.
+    pub exact: bool,
+    /// The location's header templates.
+    pub headers: &'a [(HeaderName, Option<Template>)],
+    /// `proxy_read_timeout` / `grpc_read_timeout`.
+    pub read_timeout: Duration,
+    /// `client_max_body_size` (`None`: unlimited).
+    pub max_body: Option<u64>,
+    /// `$host`.
+    pub host: &'a str,
+    /// `$server_name`.
+    pub server_name: &'a str,
+    /// The connection.
+    pub conn: &'a ConnInfo,
+}
+
+/// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
+const HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TE,
+];
+
+fn is_upgrade(version: Version, headers: &http::HeaderMap) -> bool {
+    version <= Version::HTTP_11
+        && headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+/// The path and query the upstream gets.
+fn upstream_path(ctx: &Ctx<'_>, uri: &Uri) -> String {
+    let path = uri.path();
+    let mut out = match ctx.uri {
+        None => path.to_owned(),
+        Some(u) if ctx.exact => u.to_owned(),
+        Some(u) => {
+            let rest = path.strip_prefix(ctx.location_path).unwrap_or(path);
+            format!("{u}{rest}")
+        }
+    };
+    if let Some(q) = uri.query() {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// Sends `req` to the context's pool and returns its answer.
+pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body> {
+    let upgrade = is_upgrade(req.version(), req.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let path = upstream_path(&ctx, &parts.uri);
+    let client_cert = ctx.conn.client_cert_escaped.clone();
+    let verify = ctx.conn.verify.as_nginx();
+    let vars = Vars {
+        host: ctx.host,
+        remote: ctx.conn.remote,
+        scheme: if ctx.conn.tls_server.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+        server_name: ctx.server_name,
+        server_port: ctx.conn.local_port,
+        req: &parts,
+        client_cert_escaped: &client_cert,
+        client_verify: &verify,
+    };
+    let mut headers = parts.headers.clone();
+    for h in &HOP {
+        // gRPC needs `te: trailers`; an upgrade keeps its `Upgrade`.
+        let keep = (h == header::TE && ctx.grpc) || (h == header::UPGRADE && upgrade);
+        if !keep {
+            headers.remove(h);
+        }
+    }
+    headers.remove(header::HOST);
+    // The gateway always tells the upstream who asked (nginx only when
+    // configured); a location's own setting below wins.
+    for (name, value) in [
+        ("x-forwarded-for", super::vars::forwarded_for(&vars)),
+        ("x-forwarded-proto", vars.scheme.to_owned()),
+        ("x-forwarded-host", ctx.host.to_owned()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+    // nginx's default `Host: $proxy_host`, unless the location sets it.
+    let mut host = Some(ctx.pool.name.clone());
+    for (name, template) in ctx.headers {
+        headers.remove(name);
+        let value = template
+            .as_ref()
+            .map(|t| t.expand(&vars))
+            .unwrap_or_default();
+        if name == header::HOST {
+            host = (!value.is_empty()).then_some(value);
+            continue;
+        }
+        if value.is_empty() {
+            continue;
+        }
+        match HeaderValue::from_str(&value) {
+            Ok(v) => {
+                headers.append(name.clone(), v);
+            }
+            Err(_) => tracing::debug!(header = %name, "header value not sendable; dropped"),
+        }
+    }
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    // HTTP/2 upstreams (gRPC) get the authority from the URI instead.
+    if (upgrade || !ctx.grpc)
+        && let Some(h) = host.as_deref().and_then(|h| HeaderValue::from_str(h).ok())
+    {
+        headers.insert(header::HOST, h);
+    }
+
+    let has_body = !body.is_end_stream();
+    let content_length = parts.headers.contains_key(header::CONTENT_LENGTH);
+    let mut body = Some(match ctx.max_body {
+        Some(max) if !content_length => Limited {
+            inner: body,
+            left: max,
+        }
+        .boxed_unsync(),
+        _ => body.map_err(Into::into).boxed_unsync(),
+    });
+
+    let mut last_error = None;
+    for addr in ctx.pool.order() {
+        let uri: Uri = match format!("http://{addr}{path}").parse() {
+            Ok(u) => u,
+            Err(_) => return error_page(StatusCode::BAD_REQUEST, "400 Bad Request"),
+        };
+        let b = match body.take() {
+            Some(b) => b,
+            None => http_body_util::Empty::new()
+                .map_err(Into::into)
+                .boxed_unsync(),
+        };
+        let mut up = Request::new(b);
+        *up.method_mut() = parts.method.clone();
+        *up.uri_mut() = uri;
+        *up.headers_mut() = headers.clone();
+        *up.version_mut() = if ctx.grpc {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let sent = tokio::time::timeout(ctx.read_timeout, ctx.pool.client.request(up)).await;
+        match sent {
+            Err(_) => {
+                tracing::info!(upstream = addr, "upstream timed out");
+                return error_page(StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
+            }
+            Ok(Err(e)) if e.is_connect() && !has_body => {
+                tracing::info!(upstream = addr, error = %e, "upstream refused; trying the next");
+                last_error = Some(e);
+                continue;
+            }
+            Ok(Err(e)) => {
+                tracing::info!(upstream = addr, error = %e, "upstream failed");
+                // The body cut off by `Limited` surfaces somewhere down the chain.
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+                let mut too_large = false;
+                while let Some(s) = source {
+                    too_large |= s.to_string() == BODY_TOO_LARGE;
+                    source = s.source();
+                }
+                return if too_large {
+                    error_page(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "413 Request Entity Too Large",
+                    )
+                } else {
+                    error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
+                };
+            }
+            Ok(Ok(mut resp)) => {
+                if let Some(client_upgrade) = client_upgrade
+                    && resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                {
+                    let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                    tokio::spawn(splice(client_upgrade, upstream_upgrade, ctx.conn.remote));
+                    let (mut parts, _) = resp.into_parts();
+                    parts.headers.remove(header::TRANSFER_ENCODING);
+                    return Response::from_parts(
+                        parts,
+                        Body::new(http_body_util::Empty::<Bytes>::new()),
+                    );
+                }
+                let (mut parts, body) = resp.into_parts();
+                for h in &HOP {
+                    parts.headers.remove(h);
+                }
+                let body = Timed {
+                    inner: body,
+                    timeout: ctx.read_timeout,
+                    sleep: None,
+                };
+                return Response::from_parts(parts, Body::new(body));
+            }
+        }
+    }
+    if let Some(e) = last_error {
+        tracing::warn!(pool = ctx.pool.name, error = %e, "no upstream server answered");
+    }
+    error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
+}
+
+async fn splice(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    remote: SocketAddr,
+) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(e) => {
+            tracing::debug!(%remote, error = %e, "upgrade did not complete");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(%remote, error = %e, "upgraded connection ended");
+    }
+}
+
+const BODY_TOO_LARGE: &str = "request body larger than client_max_body_size";
+
+/// A request body cut off past `client_max_body_size`.
+struct Limited {
+    inner: Incoming,
+    left: u64,
+}
+
+impl http_body::Body for Limited {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let n = data.len() as u64;
+                    if n > self.left {
+                        return Poll::Ready(Some(Err(BODY_TOO_LARGE.into())));
+                    }
+                    self.left -= n;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An upstream response body that fails when the upstream sends nothing for
+/// the read timeout (nginx's `proxy_read_timeout` between two reads).
+struct Timed {
+    inner: Incoming,
+    timeout: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for Timed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            self.sleep = None;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let timeout = self.timeout;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(sleep.as_mut().poll(cx));
+        Poll::Ready(Some(Err("upstream read timed out".into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_ring_then_backups_and_never_down() {
+        let s = |port, weight, backup, down| spinlink_nginx_compat::UpstreamServer {
+            host: "127.0.0.1".into(),
+            port,
+            weight,
+            max_fails: 1,
+            fail_timeout_ms: 10_000,
+            backup,
+            down,
+        };
+        let pool = Pool::new(
+            "p",
+            &[
+                s(1, 2, false, false),
+                s(2, 1, false, false),
+                s(3, 1, true, false),
+                s(4, 1, false, true),
+            ],
+            false,
+        );
+        assert_eq!(pool.ring.len(), 3);
+        let order: Vec<&str> = pool.order().collect();
+        assert_eq!(order, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+    }
+}

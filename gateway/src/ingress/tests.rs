@@ -1,0 +1,432 @@
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use spinlink_nginx_compat::{Options, parse_str};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn compile(http_block: &str) -> Result<Ingress, CompileError> {
+    let text = format!("events {{}}\nhttp {{\n{http_block}\n}}\n");
+    let parsed = parse_str(&text, "test.conf", &Options::new()).expect("valid nginx");
+    Ingress::compile(&parsed.ingress)
+}
+
+fn path_of(ingress: &Ingress, server: usize, path: &str) -> Option<String> {
+    select(&ingress.servers[server].routes, path).map(|r| r.path.clone())
+}
+
+const NAMES: &str = r#"
+upstream u { server 127.0.0.1:9; }
+server { listen 8080; server_name first.test; location / { proxy_pass http://u; } }
+server { listen 8080 default_server; server_name *.example.com .wild.test; location / { proxy_pass http://u; } }
+server { listen 8080; server_name *.api.example.com www.shop.*; location / { proxy_pass http://u; } }
+server { listen 8080; server_name exact.api.example.com; location / { proxy_pass http://u; } }
+"#;
+
+#[test]
+fn server_names_match_in_nginx_order() {
+    let i = compile(NAMES).unwrap();
+    assert_eq!(i.find_server("first.test"), Some(0));
+    assert_eq!(i.find_server("FIRST.test."), Some(0));
+    // Exact beats any wildcard; the longest leading wildcard wins.
+    assert_eq!(i.find_server("exact.api.example.com"), Some(3));
+    assert_eq!(i.find_server("x.api.example.com"), Some(2));
+    assert_eq!(i.find_server("x.example.com"), Some(1));
+    // `.wild.test` also matches the bare name.
+    assert_eq!(i.find_server("wild.test"), Some(1));
+    assert_eq!(i.find_server("a.wild.test"), Some(1));
+    assert_eq!(i.find_server("www.shop.de"), Some(2));
+    assert_eq!(i.find_server("nothing.test"), None);
+    // Unknown names fall to the `default_server`, not the first.
+    assert_eq!(i.default, 1);
+}
+
+#[test]
+fn locations_select_exact_then_longest_prefix_then_nested() {
+    let i = compile(
+        r#"
+upstream u { server 127.0.0.1:9; }
+server {
+    listen 8080;
+    location / { proxy_pass http://u; }
+    location /api/ { proxy_pass http://u; location /api/v2/ { proxy_pass http://u; } }
+    location = /api/ { proxy_pass http://u; }
+    location /ap { proxy_pass http://u; }
+}
+"#,
+    )
+    .unwrap();
+    assert_eq!(path_of(&i, 0, "/api/").as_deref(), Some("/api/"));
+    assert_eq!(
+        select(&i.servers[0].routes, "/api/").map(|r| r.kind),
+        Some(MatchKind::Exact)
+    );
+    assert_eq!(path_of(&i, 0, "/api/x").as_deref(), Some("/api/"));
+    assert_eq!(path_of(&i, 0, "/api/v2/x").as_deref(), Some("/api/v2/"));
+    assert_eq!(path_of(&i, 0, "/apx").as_deref(), Some("/ap"));
+    assert_eq!(path_of(&i, 0, "/").as_deref(), Some("/"));
+}
+
+#[test]
+fn compile_errors_name_the_key_and_the_reason() {
+    let e = compile(
+        "server { listen 80; location / { proxy_pass http://127.0.0.1:9; proxy_set_header X $connection_upgrade; } }",
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "servers[0].locations[0].headers[0]");
+    assert!(
+        e.message
+            .contains("unknown variable \"$connection_upgrade\""),
+        "{e}"
+    );
+
+    let e = compile("server { listen 80; location / { proxy_pass https://127.0.0.1:9; } }")
+        .unwrap_err();
+    assert_eq!(e.key, "servers[0].locations[0].target.protocol");
+
+    let e = compile("server { listen 80; } server { listen 81; }").unwrap_err();
+    assert_eq!(e.key, "servers");
+    assert!(e.message.contains("one port"), "{e}");
+
+    let e = compile("server { listen 80; set_real_ip_from 10.0.0.0/8; real_ip_header X-Real-IP; }")
+        .unwrap_err();
+    assert_eq!(e.key, "servers[0].realIp.header");
+
+    let e = compile("upstream u { server 127.0.0.1:9 down; } server { listen 80; location / { proxy_pass http://u; } }")
+        .unwrap_err();
+    assert!(e.message.contains("no usable server"), "{e}");
+}
+
+#[test]
+fn config_takes_an_ingress_without_tls_or_upstreams_and_refuses_unknown_keys() {
+    let parsed = parse_str(
+        "events {} http { server { listen 127.0.0.1:8080; location / { proxy_pass http://127.0.0.1:9; } } }",
+        "t.conf",
+        &Options::new(),
+    )
+    .unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    let config = crate::Config::from_yaml_str(&yaml, "converted").unwrap();
+    assert!(config.ingress.is_some());
+
+    let bad = yaml.replace("matchKind:", "matchKnd:");
+    let e = crate::Config::from_yaml_str(&bad, "converted")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("matchKnd"), "{e}");
+
+    // Without an ingress the old requirements hold.
+    let e = crate::Config::from_yaml_str("listen: 127.0.0.1:0\n", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tls"), "{e}");
+}
+
+#[test]
+fn proxy_protocol_listens_need_trusted_proxies() {
+    let parsed = parse_str(
+        "events {} http { server { listen 8443 proxy_protocol; location / { proxy_pass http://127.0.0.1:9; } } }",
+        "t.conf",
+        &Options::new(),
+    )
+    .unwrap();
+    assert!(from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).is_err());
+    let parsed = parse_str(
+        "events {} http { set_real_ip_from 10.0.0.0/8; set_real_ip_from 192.0.2.1; real_ip_header proxy_protocol;
+         server { listen 8443 proxy_protocol; location / { proxy_pass http://127.0.0.1:9; } } }",
+        "t.conf",
+        &Options::new(),
+    )
+    .unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    let config = crate::Config::from_yaml_str(&yaml, "converted").unwrap();
+    assert!(config.listener.proxy_protocol);
+    assert_eq!(
+        config.listener.trusted_proxies,
+        ["10.0.0.0/8", "192.0.2.1/32"]
+    );
+    assert_eq!(config.listen.port(), 8443);
+}
+
+/// An upstream that answers with the request head it saw.
+async fn head_echo() -> std::net::SocketAddr {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = tcp.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let mut text = format!("{} {}\n", req.method(), req.uri());
+                    let mut names: Vec<_> = req.headers().iter().collect();
+                    names.sort_by_key(|(n, _)| n.as_str());
+                    for (n, v) in names {
+                        text.push_str(&format!("{n}: {}\n", v.to_str().unwrap_or("?")));
+                    }
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(text))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn http1(
+    addr: std::net::SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> (StatusCode, http::HeaderMap, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// A plain-HTTP ingress on a real gateway next to a configured tunnel: headers
+/// set, removed and added, the URI rewritten, the body limit, and tunnel paths
+/// refused without a verified agent identity.
+#[tokio::test]
+async fn plain_ingress_routes_rewrites_and_guards_the_tunnel() {
+    let upstream = head_echo().await;
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream app {{ server {upstream}; }}
+server {{
+    listen 127.0.0.1:{port};
+    server_name app.test;
+    proxy_set_header Host $host;
+    proxy_set_header X-Drop "";
+    proxy_set_header X-Path "$request_method $uri?$args";
+    location /api/ {{ proxy_pass http://app/v1/; client_max_body_size 10; }}
+}}
+}}"#
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let mut yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    // A tunnel upstream too: `/spinlink.v1.` paths are then the tunnel's.
+    yaml.push_str("upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\n");
+    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let gateway = crate::Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(gateway.run(shutdown.clone()));
+
+    let req = Request::get("/api/apps?x=1")
+        .header("host", "APP.test:8080")
+        .header("x-drop", "secret")
+        .header("x-forwarded-for", "198.51.100.1")
+        .header("connection", "keep-alive, x-hop")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = http1(addr, req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("GET /v1/apps?x=1\n"), "{body}");
+    assert!(body.contains("host: app.test\n"), "{body}");
+    assert!(!body.contains("x-drop"), "{body}");
+    assert!(body.contains("x-path: GET /api/apps?x=1\n"), "{body}");
+    assert!(
+        body.contains("x-forwarded-for: 198.51.100.1, 127.0.0.1\n"),
+        "{body}"
+    );
+    assert!(body.contains("x-forwarded-proto: http\n"), "{body}");
+    assert!(body.contains("x-forwarded-host: app.test\n"), "{body}");
+
+    let req = Request::post("/api/upload")
+        .header("host", "app.test")
+        .body(Full::new(Bytes::from_static(b"more than ten bytes")))
+        .unwrap();
+    assert_eq!(http1(addr, req).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+
+    let req = Request::get("/elsewhere")
+        .header("host", "app.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(http1(addr, req).await.0, StatusCode::NOT_FOUND);
+
+    let req = Request::post(spinlink_proto::paths::HELLO)
+        .header("host", "app.test")
+        .header("content-type", "application/grpc")
+        .header(crate::identity::DEV_IDENTITY_HEADER, "agent-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, _) = http1(addr, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"16"[..]),
+        "the dev identity header is never believed on an ingress listener"
+    );
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("drains")
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn converted_certificate_paths_are_absolute_against_the_conf_prefix() {
+    let parsed = parse_str(
+        "events {} http { server { listen 443 ssl; ssl_certificate certs/a.crt; ssl_certificate_key /abs/a.key;
+         ssl_client_certificate ca.crt; ssl_verify_client optional; location / { proxy_pass http://127.0.0.1:9; } } }",
+        "t.conf",
+        &Options::new(),
+    )
+    .unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    assert!(
+        yaml.contains("certificate: /etc/nginx/certs/a.crt"),
+        "{yaml}"
+    );
+    assert!(yaml.contains("key: /abs/a.key"), "{yaml}");
+    assert!(
+        yaml.contains("clientCertificate: /etc/nginx/ca.crt"),
+        "{yaml}"
+    );
+}
+
+/// Outcome of one request over TLS: the status and `grpc-status`, or `None`
+/// when the connection failed.
+async fn tls_request(
+    addr: std::net::SocketAddr,
+    name: &str,
+    pki: &spinlink_tls::dev::DevPki,
+    identity: Option<&str>,
+    path: &str,
+) -> Option<(StatusCode, Option<String>)> {
+    let (cert, key) = identity.map(|i| (pki.cert(i), pki.key(i))).unzip();
+    let files = spinlink_tls::config::ClientFiles {
+        ca: &pki.ca_cert(),
+        identity: cert.as_deref().zip(key.as_deref()),
+    };
+    let config = spinlink_tls::config::client_config(files, &[b"h2"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server_name, tcp)
+        .await
+        .ok()?;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .ok()?;
+    tokio::spawn(conn);
+    let req = Request::post(format!("https://{name}{path}"))
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.ok()?;
+    let grpc = resp
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    Some((resp.status(), grpc))
+}
+
+/// Ingress and agents on one TLS listener: a name an ingress server claims is
+/// served by it (certificate optional, judged per request); a connection
+/// without such a name gets the agent path, client certificate required.
+#[tokio::test]
+async fn ingress_and_agent_tunnel_share_a_tls_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = spinlink_tls::dev::DevPki::ensure(dir.path(), &["a1"]).unwrap();
+    let upstream = head_echo().await;
+    let port = free_port();
+    let d = dir.path().display();
+    let nginx = format!(
+        r#"events {{}} http {{
+server {{
+    listen 127.0.0.1:{port} ssl http2;
+    server_name localhost;
+    ssl_certificate {d}/gateway.crt;
+    ssl_certificate_key {d}/gateway.key;
+    ssl_client_certificate {d}/ca.crt;
+    ssl_verify_client optional;
+    location /ui/ {{ proxy_pass http://{upstream}; }}
+}}
+}}"#
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let mut yaml = from_nginx::config_yaml(&parsed.ingress, dir.path()).unwrap();
+    yaml.push_str(&format!(
+        "upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\ntls:\n  certFile: {d}/gateway.crt\n  keyFile: {d}/gateway.key\n  clientCaFile: {d}/ca.crt\n",
+    ));
+    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let gateway = crate::Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(gateway.run(shutdown.clone()));
+
+    // The ingress name, no certificate: the UI route answers.
+    let ui = tls_request(addr, "localhost", &pki, None, "/ui/x").await;
+    assert_eq!(ui, Some((StatusCode::OK, None)));
+    // …and the tunnel path is refused there without a certificate,
+    let t = tls_request(addr, "localhost", &pki, None, "/spinlink.v1.Tunnel/Nope").await;
+    assert_eq!(t, Some((StatusCode::OK, Some("16".into()))));
+    // …but reached with a verified agent certificate (unknown method: 12).
+    let t = tls_request(
+        addr,
+        "localhost",
+        &pki,
+        Some("agent-a1"),
+        "/spinlink.v1.Tunnel/Nope",
+    )
+    .await;
+    assert_eq!(t, Some((StatusCode::OK, Some("12".into()))));
+    // No SNI (an IP address): the agent path, certificate required.
+    assert_eq!(
+        tls_request(addr, "127.0.0.1", &pki, None, "/spinlink.v1.Tunnel/Nope").await,
+        None
+    );
+    let t = tls_request(
+        addr,
+        "127.0.0.1",
+        &pki,
+        Some("agent-a1"),
+        "/spinlink.v1.Tunnel/Nope",
+    )
+    .await;
+    assert_eq!(t, Some((StatusCode::OK, Some("12".into()))));
+    // The agent path serves the tunnel only, not the ingress routes.
+    let t = tls_request(addr, "127.0.0.1", &pki, Some("agent-a1"), "/ui/x").await;
+    assert_eq!(t, Some((StatusCode::OK, Some("12".into()))));
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("drains")
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,221 @@
+//! The listener's path for a connection when an `ingress` is configured.
+//!
+//! TLS starts lazily: the ClientHello's SNI picks the configuration. A name
+//! no ingress server claims, when the gateway has its own `tls`, gets exactly
+//! the agent path (client certificate required at the handshake, HTTP/2,
+//! [`crate::tunnel`]). Everything else is an ingress connection: the SNI
+//! server's certificate and client-certificate settings
+//! ([`crate::ingress::tls`]), ALPN `h2` and `http/1.1`, HTTP/1.1 (with
+//! upgrades) or HTTP/2, each request to [`Ingress::handle`] — except
+//! `/spinlink.v1.` paths no location claims, which go to the tunnel if the
+//! connection carries a verified agent identity, and are refused
+//! (`Unauthenticated`) if not.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use spinlink_tls::binding::connection_binding;
+use spinlink_tls::identity::identity_from_cert;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::{
+    ActiveStream, Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, GuardedBody,
+    Prefixed, idle,
+};
+use crate::admin::{Counter, Refusal};
+use crate::ingress::tls::ClientVerify;
+use crate::ingress::{ConnInfo, Ingress};
+use crate::tunnel::{self, ConnPeer, ControlSlot};
+
+/// Largest request header block on ingress connections: browsers carry
+/// cookies (nginx's `large_client_header_buffers` allows 4 × 8 KiB lines).
+pub const INGRESS_MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
+
+/// Path prefix of the agent tunnel's gRPC methods.
+const TUNNEL_PREFIX: &str = "/spinlink.v1.";
+
+impl Connection {
+    pub(super) async fn serve_ingress(
+        self,
+        ingress: Arc<Ingress>,
+        stream: Prefixed<TcpStream>,
+        local_port: u16,
+    ) {
+        let remote = self.remote;
+        if !ingress.is_tls() {
+            let conn = ConnInfo::new(remote, local_port, None, None, ClientVerify::None, None);
+            return self.serve_http(ingress, stream, conn, None).await;
+        }
+        let admitted = self
+            .settings
+            .handshakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_take(Instant::now());
+        if !admitted {
+            return self.refuse(Refusal::HandshakeRate, remote);
+        }
+        let agent_tls = self.tls.clone();
+        let handshake = async {
+            let start =
+                LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await?;
+            let sni = start.client_hello().server_name().map(str::to_owned);
+            let claimed = sni
+                .as_deref()
+                .and_then(|n| ingress.find_server(n))
+                .is_some();
+            if let (Some(agent), false) = (&agent_tls, claimed) {
+                let config = agent.acceptor().config().clone();
+                return Ok((start.into_stream(config).await?, sni, None));
+            }
+            let Some((i, tls)) = ingress.tls_for(sni.as_deref()) else {
+                return Err(std::io::Error::other("no ingress server with certificates"));
+            };
+            Ok((start.into_stream(tls.config.clone()).await?, sni, Some(i)))
+        };
+        let (tls, sni, server) =
+            match tokio::time::timeout(self.settings.handshake_timeout, handshake).await {
+                Ok(Ok(done)) => done,
+                Ok(Err(e)) => {
+                    self.shared.stats.incr(Counter::HandshakeFailures);
+                    tracing::info!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    self.shared.stats.metrics().handshake(false);
+                    return self.refuse(Refusal::HandshakeTimeout, remote);
+                }
+            };
+        self.shared.stats.metrics().handshake(true);
+        let Some(server) = server else {
+            // Not an ingress name: today's agent connection.
+            return self.serve_agent(tls, remote).await;
+        };
+        let (_, session) = tls.get_ref();
+        let chain = session.peer_certificates().map(<[_]>::to_vec);
+        let verify = ingress.verify(server, chain.as_deref());
+        // A verified certificate that names an agent may use the tunnel.
+        let identity = match (&verify, chain.as_deref().and_then(|c| c.first())) {
+            (ClientVerify::Success, Some(leaf)) => {
+                identity_from_cert(leaf, &self.sources).ok().flatten()
+            }
+            _ => None,
+        };
+        let peer = match identity {
+            Some(identity) => match connection_binding(session) {
+                Ok(binding) => Some(ConnPeer {
+                    identity: Some(identity.into()),
+                    binding,
+                    remote,
+                    control: ControlSlot::default(),
+                }),
+                Err(e) => {
+                    tracing::warn!(%remote, error = %e, "no connection binding; no tunnel");
+                    None
+                }
+            },
+            None => None,
+        };
+        let conn = ConnInfo::new(
+            remote,
+            local_port,
+            sni,
+            Some(server),
+            verify,
+            chain.as_deref(),
+        );
+        self.serve_http(ingress, tls, conn, peer).await;
+    }
+
+    async fn serve_http<I>(
+        self,
+        ingress: Arc<Ingress>,
+        io: I,
+        conn: ConnInfo,
+        peer: Option<ConnPeer>,
+    ) where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let remote = conn.remote;
+        let control = peer.as_ref().map(|p| p.control.clone());
+        let conn = Arc::new(conn);
+        let peer = peer.map(Arc::new);
+        let shared = self.shared.clone();
+        let tunnel_served = !shared.upstreams.is_empty();
+        let (active, active_rx) = watch::channel(0usize);
+        let active = Arc::new(active);
+        let service =
+            hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let ingress = ingress.clone();
+                let conn = conn.clone();
+                let peer = peer.clone();
+                let shared = shared.clone();
+                let guard = ActiveStream::new(active.clone());
+                async move {
+                    let to_tunnel = tunnel_served
+                        && req.uri().path().starts_with(TUNNEL_PREFIX)
+                        && !ingress.claims(&req, &conn);
+                    let response = if !to_tunnel {
+                        ingress.handle(req, &conn).await
+                    } else if let Some(peer) = &peer {
+                        tunnel::handle(shared, peer, req).await
+                    } else {
+                        tunnel::status::unauthenticated(
+                            "the agent tunnel needs a verified client certificate",
+                        )
+                    };
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        tonic::body::Body::new(GuardedBody {
+                            inner: body,
+                            _guard: guard,
+                        })
+                    }))
+                }
+            });
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.settings.handshake_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
+            .max_concurrent_streams(self.settings.max_concurrent_streams)
+            .max_header_list_size(INGRESS_MAX_HEADER_LIST_SIZE);
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        let mut conn = std::pin::pin!(conn);
+        let result = tokio::select! {
+            result = conn.as_mut() => Some(result),
+            () = self.shutdown.cancelled() => {
+                if let Some(control) = &control {
+                    tunnel::send_reconnect(control, "draining", self.settings.drain_grace);
+                }
+                None
+            }
+            () = idle(active_rx, self.settings.idle_timeout) => {
+                self.shared.stats.refuse(Refusal::Idle);
+                None
+            }
+        };
+        let result = match result {
+            Some(result) => result,
+            None => {
+                conn.as_mut().graceful_shutdown();
+                tokio::select! {
+                    result = conn.as_mut() => result,
+                    () = self.hard.cancelled() => Ok(()),
+                }
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(%remote, error = %e, "ingress connection ended");
+        }
+    }
+}
