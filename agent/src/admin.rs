@@ -100,6 +100,7 @@ pub fn answer(
                         }
                         AccountState::Streaming => serde_json::json!({"state": "streaming"}),
                         AccountState::Synced => serde_json::json!({"state": "synced"}),
+                        AccountState::Standby => serde_json::json!({"state": "standby"}),
                     };
                     (name.clone(), v)
                 })

@@ -7,21 +7,22 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spinlink_proto::v1::HelloResponse;
+use spinlink_proto::v1::{ControlEvent, ControlRequest, HelloResponse, Reconnect, control_event};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
 use crate::cache::outbox::{Outbox, initial_seq};
 use crate::cache::{self, CacheSettings};
 use crate::cluster::Cluster;
-use crate::config::Config;
+use crate::config::{AccountConfig, Config};
 use crate::connection::{connect, session::Session};
 use crate::kinds::KindFilter;
 use crate::metrics::Metrics;
 use crate::relay;
+use crate::reload::{ConfigWatcher, RELOAD_QUEUE};
 use crate::state::{AccountState, AgentState, Publisher};
 use crate::{Error, Result};
 
@@ -39,6 +40,18 @@ pub struct Agent {
     outboxes: BTreeMap<String, Arc<Outbox>>,
     /// Per account list budget (`tasks.budgetPerAccount`).
     account_budgets: BTreeMap<String, Arc<Semaphore>>,
+    /// Per account: held by its one cache stream (see [`AccountRun`]).
+    cache_slots: BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Per account with leader election: this replica's term (0: another
+    /// replica caches) and the elector's stop signal.
+    leaders: BTreeMap<String, (tokio::sync::watch::Receiver<u64>, CancellationToken)>,
+    /// The electors; dropped (aborted) with the agent, so a replica that
+    /// dies stops renewing.
+    electors: JoinSet<()>,
+    /// Lease holder identity.
+    identity: String,
+    /// The agent's shutdown signal, once running.
+    shutdown: CancellationToken,
     /// Agent-wide list budget (`tasks.totalBudget`).
     total_budget: Arc<Semaphore>,
     metrics: Metrics,
@@ -58,6 +71,14 @@ impl Agent {
         let account_budgets = names()
             .map(|n| (n, Arc::new(Semaphore::new(config.tasks.budget_per_account))))
             .collect();
+        let identity = config
+            .leader_election
+            .identity
+            .clone()
+            .unwrap_or_else(crate::leader::default_identity);
+        let cache_slots = names()
+            .map(|n| (n, Arc::new(tokio::sync::Mutex::new(()))))
+            .collect();
         let admin = match config.admin.listen {
             Some(addr) => {
                 let bind_error = |source| Error::AdminBind { addr, source };
@@ -74,6 +95,11 @@ impl Agent {
             state: Publisher::new(),
             outboxes,
             account_budgets,
+            cache_slots,
+            leaders: BTreeMap::new(),
+            electors: JoinSet::new(),
+            identity,
+            shutdown: CancellationToken::new(),
             metrics: Metrics::new(),
         })
     }
@@ -111,15 +137,32 @@ impl Agent {
                 shutdown.clone(),
             ));
         }
+        self.shutdown = shutdown.clone();
         let mut clusters = Vec::new();
         for account in &self.config.kubernetes.accounts {
             clusters.push(Cluster::connect(account).await?);
+        }
+        for cluster in &clusters {
+            self.start_elector(cluster);
+        }
+        let (reload_tx, mut reloads) = tokio::sync::mpsc::channel(RELOAD_QUEUE);
+        match (&self.config.file, self.config.reload_interval_seconds) {
+            (Some(file), secs) if secs > 0 => {
+                let watcher = ConfigWatcher::new(
+                    file.clone(),
+                    Duration::from_secs(secs),
+                    self.metrics.clone(),
+                );
+                tokio::spawn(watcher.run(reload_tx, shutdown.clone()));
+            }
+            // Nothing will ever arrive.
+            _ => drop(reload_tx),
         }
         let mut backoff = Backoff::from_config(&self.config.reconnect);
         loop {
             let started = tokio::time::Instant::now();
             let outcome = tokio::select! {
-                outcome = self.session(&clusters) => outcome,
+                outcome = self.session(&mut clusters, &mut reloads) => outcome,
                 () = shutdown.cancelled() => break,
             };
             self.state.disconnected();
@@ -131,6 +174,7 @@ impl Agent {
             warn!(error = %e, ?delay, "gateway connection ended, reconnecting");
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
+                Some(config) = reloads.recv() => self.apply(config, &mut clusters, None).await?,
                 () = shutdown.cancelled() => break,
             }
         }
@@ -140,53 +184,314 @@ impl Agent {
         Ok(())
     }
 
-    /// One connection's life: it only ends with the error that ended it.
-    async fn session(&self, clusters: &[Cluster]) -> Result<Infallible> {
+    /// The agent's life on gateway connections: it only ends with the error
+    /// that ended the current connection. A `Reconnect` from the gateway
+    /// moves every account to a new connection before the old one is let
+    /// go (make-before-break); the old one finishes its relayed requests in
+    /// the background.
+    async fn session(
+        &mut self,
+        clusters: &mut Vec<Cluster>,
+        reloads: &mut tokio::sync::mpsc::Receiver<Config>,
+    ) -> Result<Infallible> {
+        let mut link = self.open_link(clusters).await?;
+        // Old connections finishing their relayed requests.
+        let mut draining: JoinSet<()> = JoinSet::new();
+        let mut hello_backoff = Backoff::from_config(&self.config.reconnect);
+        let mut move_backoff = Backoff::from_config(&self.config.reconnect);
+        let mut renew_backoff = Backoff::from_config(&self.config.reconnect);
+        let mut renew_not_before = tokio::time::Instant::now();
+        // Set while a `Reconnect` could not be followed yet: its deadline.
+        let mut pending_move: Option<(tokio::time::Instant, Duration)> = None;
+        loop {
+            let retry = async {
+                if link.refused.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(hello_backoff.next_delay()).await;
+            };
+            let renew_at = link.session.renew_at();
+            let renew = async {
+                match renew_at {
+                    Some(at) => tokio::time::sleep_until(at.max(renew_not_before)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let move_retry = async {
+                if pending_move.is_none() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(move_backoff.next_delay()).await;
+            };
+            tokio::select! {
+                Some(done) = link.accounts.join_next() => match done {
+                    // Only a drained account ends well, and only old links drain.
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(join) => return Err(Error::Task(join.to_string())),
+                },
+                event = next_control(&mut link.control) => match event {
+                    Some(Reconnect { reason, deadline_millis }) => {
+                        let grace = Duration::from_millis(u64::from(deadline_millis));
+                        info!(%reason, ?grace, "gateway asks to move to a new connection");
+                        pending_move = Some((tokio::time::Instant::now() + grace, grace));
+                        move_backoff.reset();
+                        if let Some(old) = self.try_move(clusters, &mut link, grace).await {
+                            draining.spawn(old);
+                            pending_move = None;
+                        }
+                    }
+                    None => link.control = None,
+                },
+                () = move_retry => {
+                    let Some((deadline, _)) = pending_move else { continue };
+                    let grace = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if let Some(old) = self.try_move(clusters, &mut link, grace).await {
+                        draining.spawn(old);
+                        pending_move = None;
+                    }
+                }
+                () = renew => match link.session.renew().await {
+                    Ok(renewed) => {
+                        renew_backoff.reset();
+                        self.metrics.token_renewals.inc();
+                        debug!(tokens = renewed, "channel tokens renewed");
+                    }
+                    // Open streams do not need the tokens; a stream opened
+                    // meanwhile asks for its own (`Session::token`).
+                    Err(e) => {
+                        let delay = renew_backoff.next_delay();
+                        warn!(error = %e, ?delay, "channel token renewal failed; retrying");
+                        renew_not_before = tokio::time::Instant::now() + delay;
+                    }
+                },
+                () = retry => {
+                    let answer = link.session.hello(&link.refused).await?;
+                    let asked = std::mem::take(&mut link.refused);
+                    link.refused = self.answer(&mut link, clusters, &asked, answer, &BTreeMap::new());
+                    if link.refused.is_empty() {
+                        hello_backoff.reset();
+                    }
+                }
+                Some(_) = draining.join_next() => {}
+                Some(config) = reloads.recv() => {
+                    self.apply(config, clusters, Some(&mut link)).await?;
+                }
+            }
+        }
+    }
+
+    /// Applies a reloaded configuration: accounts removed stop (their relayed
+    /// requests in flight finish), accounts added start, accounts changed
+    /// restart on the same connection (new streams first, as in a move);
+    /// the others are not touched. Keys outside `kubernetes.accounts` take
+    /// effect for streams and connections made afterwards. An account whose
+    /// cluster cannot be loaded refuses the whole change. Fails only when the
+    /// gateway connection fails.
+    async fn apply(
+        &mut self,
+        config: Config,
+        clusters: &mut Vec<Cluster>,
+        link: Option<&mut Link>,
+    ) -> Result<()> {
+        let old: BTreeMap<&str, &AccountConfig> = self
+            .config
+            .kubernetes
+            .accounts
+            .iter()
+            .map(|a| (a.name.as_str(), a))
+            .collect();
+        let new: BTreeMap<&str, &AccountConfig> = config
+            .kubernetes
+            .accounts
+            .iter()
+            .map(|a| (a.name.as_str(), a))
+            .collect();
+        let removed: Vec<String> = old
+            .keys()
+            .filter(|n| !new.contains_key(*n))
+            .map(|n| (*n).to_owned())
+            .collect();
+        let started: Vec<&AccountConfig> = new
+            .iter()
+            .filter(|(n, a)| old.get(*n) != Some(*a))
+            .map(|(_, a)| *a)
+            .collect();
+        let mut fresh = Vec::new();
+        for account in &started {
+            match Cluster::connect(account).await {
+                Ok(cluster) => fresh.push(cluster),
+                Err(e) => {
+                    warn!(file = %config.origin, account = %account.name, error = %e, "configuration change refused; the running configuration stays");
+                    self.metrics.reload("refused");
+                    return Ok(());
+                }
+            }
+        }
+        let names: Vec<String> = fresh.iter().map(|c| c.account.clone()).collect();
+        info!(file = %config.origin, removed = ?removed, started = ?names, "configuration reloaded");
+        self.metrics.reload("applied");
+        let mut link = link;
+        for name in &removed {
+            if let Some(link) = link.as_deref_mut() {
+                if let Some(h) = link.drains.remove(name) {
+                    h.superseded.cancel();
+                    h.drain.cancel();
+                }
+                link.refused.retain(|r| r != name);
+                link.session.remove(name);
+            }
+            clusters.retain(|c| &c.account != name);
+            if let Some((_, stop)) = self.leaders.remove(name) {
+                stop.cancel();
+            }
+            self.outboxes.remove(name);
+            self.account_budgets.remove(name);
+            self.cache_slots.remove(name);
+            self.state.remove(name);
+        }
+        let start = initial_seq();
+        for cluster in &fresh {
+            let name = &cluster.account;
+            clusters.retain(|c| &c.account != name);
+            clusters.push(cluster.clone());
+            // A changed account keeps its window and sequence numbers.
+            self.outboxes
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(Outbox::new(config.cache.unacked_window, start)));
+            self.account_budgets
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(config.tasks.budget_per_account)));
+            self.cache_slots
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())));
+        }
+        self.config = config;
+        for cluster in &fresh {
+            // A changed cluster gets a new elector (the old one releases).
+            if let Some((_, stop)) = self.leaders.remove(&cluster.account) {
+                stop.cancel();
+            }
+            self.start_elector(cluster);
+        }
+        let Some(link) = link else {
+            return Ok(()); // the next connection starts them
+        };
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut handoff = BTreeMap::new();
+        for cluster in &fresh {
+            link.session.set_info(cluster.account_info().await);
+            link.refused.retain(|r| r != &cluster.account);
+            if let Some(h) = link.drains.remove(&cluster.account) {
+                h.superseded.cancel();
+                handoff.insert(cluster.account.clone(), h);
+            }
+        }
+        let answer = link.session.hello(&names).await?;
+        let refused = self.answer(link, clusters, &names, answer, &handoff);
+        for name in &refused {
+            if let Some(h) = handoff.get(name) {
+                h.drain.cancel();
+            }
+        }
+        link.refused.extend(refused);
+        Ok(())
+    }
+
+    /// Starts competing for `cluster`'s Lease, when leader election is on.
+    fn start_elector(&mut self, cluster: &Cluster) {
+        let le = &self.config.leader_election;
+        if !le.enabled {
+            return;
+        }
+        let elector = crate::leader::LeaderElector::new(
+            cluster.client.clone(),
+            &cluster.account,
+            &le.namespace,
+            &self.identity,
+            Duration::from_secs(le.lease_duration_seconds),
+        );
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        let stop = self.shutdown.child_token();
+        self.electors.spawn(elector.run(tx, stop.clone()));
+        self.leaders.insert(cluster.account.clone(), (rx, stop));
+    }
+
+    /// Dials a new connection, says `Hello`, and moves every account of
+    /// `link` to it; returns the old link's drain, to run in the background.
+    /// On failure the old link stays in place (and is retried by the caller).
+    async fn try_move(
+        &self,
+        clusters: &[Cluster],
+        link: &mut Link,
+        grace: Duration,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let handoff = link.drains.clone();
+        match self.open_link_with(clusters, &handoff).await {
+            Ok(new) => {
+                let old = std::mem::replace(link, new);
+                self.metrics.moves.inc();
+                info!("accounts moved to the new connection");
+                Some(old.drain(grace))
+            }
+            Err(e) => {
+                warn!(error = %e, "moving to a new connection failed; staying for now");
+                None
+            }
+        }
+    }
+
+    /// A new connection with every account started on it.
+    async fn open_link(&self, clusters: &[Cluster]) -> Result<Link> {
+        self.open_link_with(clusters, &BTreeMap::new()).await
+    }
+
+    /// A new connection: dial, `Hello`, `Control`, and start each granted
+    /// account; an account in `handoff` takes over from its stream on the
+    /// old connection, which is told to drain once the new relay stream is
+    /// open.
+    async fn open_link_with(
+        &self,
+        clusters: &[Cluster],
+        handoff: &BTreeMap<String, Handoff>,
+    ) -> Result<Link> {
         let client = connect(&self.config.gateway).await?;
         self.metrics.reconnects.inc();
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
         let answer = session.hello(&[]).await?;
         info!(gateway = %answer.gateway_id, granted = answer.granted.len(), refused = answer.refused.len(), "Hello answered");
+        let control = open_control(&session).await;
         self.state.connected();
-
-        let mut accounts: JoinSet<Result<Infallible>> = JoinSet::new();
+        let mut link = Link {
+            session,
+            control,
+            accounts: JoinSet::new(),
+            drains: BTreeMap::new(),
+            refused: Vec::new(),
+        };
         let all: Vec<String> = clusters.iter().map(|c| c.account.clone()).collect();
-        let mut refused = self.answer(&session, clusters, &all, answer, &mut accounts);
-        let mut hello_backoff = Backoff::from_config(&self.config.reconnect);
-        loop {
-            let retry = async {
-                if refused.is_empty() {
-                    std::future::pending::<()>().await;
-                }
-                tokio::time::sleep(hello_backoff.next_delay()).await;
-            };
-            tokio::select! {
-                Some(done) = accounts.join_next() => match done {
-                    Ok(Err(e)) => return Err(e),
-                    Err(join) => return Err(Error::Task(join.to_string())),
-                },
-                () = retry => {
-                    let answer = session.hello(&refused).await?;
-                    let asked = std::mem::take(&mut refused);
-                    refused = self.answer(&session, clusters, &asked, answer, &mut accounts);
-                    if refused.is_empty() {
-                        hello_backoff.reset();
-                    }
-                }
+        link.refused = self.answer(&mut link, clusters, &all, answer, handoff);
+        // Accounts the new connection did not get leave the old one too.
+        for (name, h) in handoff {
+            if link.refused.contains(name) {
+                h.drain.cancel();
             }
         }
+        Ok(link)
     }
 
     /// Starts the streams of every granted account among `asked`; returns
     /// those refused (or not answered).
     fn answer(
         &self,
-        session: &Arc<Session>,
+        link: &mut Link,
         clusters: &[Cluster],
         asked: &[String],
         answer: HelloResponse,
-        accounts: &mut JoinSet<Result<Infallible>>,
+        handoff: &BTreeMap<String, Handoff>,
     ) -> Vec<String> {
         let mut refused = Vec::new();
         for name in asked {
@@ -206,16 +511,17 @@ impl Agent {
                 refused.push(name.clone());
                 continue;
             };
-            let (Some(outbox), Some(account_budget), Some(account_config)) = (
+            let (Some(outbox), Some(account_budget), Some(slot), Some(account_config)) = (
                 self.outboxes.get(name),
                 self.account_budgets.get(name),
+                self.cache_slots.get(name),
                 self.config
                     .kubernetes
                     .accounts
                     .iter()
                     .find(|a| &a.name == name),
             ) else {
-                continue; // every configured account has all three
+                continue; // every configured account has all four
             };
             let cache_config = &self.config.cache;
             let settings = CacheSettings {
@@ -229,35 +535,237 @@ impl Agent {
                 account_budget: account_budget.clone(),
                 metrics: self.metrics.clone(),
             };
-            accounts.spawn(run_account(
-                session.clone(),
-                cluster.clone(),
+            let drain = CancellationToken::new();
+            let superseded = CancellationToken::new();
+            link.drains.insert(
+                name.clone(),
+                Handoff {
+                    drain: drain.clone(),
+                    superseded: superseded.clone(),
+                },
+            );
+            link.accounts.spawn(run_account(AccountRun {
+                session: link.session.clone(),
+                cluster: cluster.clone(),
                 settings,
-                self.state.clone(),
-            ));
+                state: self.state.clone(),
+                cache_slot: slot.clone(),
+                drain,
+                handoff: handoff.get(name).cloned(),
+                superseded,
+                leader: self.leaders.get(name).map(|(rx, _)| rx.clone()),
+            }));
         }
         refused
     }
 }
 
-/// Both streams of one account; ends with the first to fail.
-async fn run_account(
+/// One gateway connection and the account streams on it.
+struct Link {
+    session: Arc<Session>,
+    /// The gateway's signals; `None` when it serves no `Control` or the
+    /// stream ended.
+    control: Option<tonic::Streaming<ControlEvent>>,
+    accounts: JoinSet<Result<()>>,
+    /// Per account: cancelled when the account moves to a new connection.
+    drains: BTreeMap<String, Handoff>,
+    /// Accounts refused (or not answered) on this connection.
+    refused: Vec<String>,
+}
+
+impl Link {
+    /// Lets this connection go once every account on it has moved and its
+    /// relayed requests have finished, or after `grace` (the gateway closes
+    /// the connection then anyway).
+    fn drain(mut self, grace: Duration) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let grace = grace.max(MIN_DRAIN_GRACE);
+        async move {
+            let all_done = async {
+                while let Some(done) = self.accounts.join_next().await {
+                    if let Ok(Err(e)) = done {
+                        debug!(error = %e, "stream on the old connection ended");
+                    }
+                }
+            };
+            if tokio::time::timeout(grace, all_done).await.is_err() {
+                warn!(?grace, "old connection still busy at its deadline; cut");
+            } else {
+                info!("old connection drained");
+            }
+            // Dropping the link aborts what is left and closes the connection.
+            drop(self.control.take());
+        }
+    }
+}
+
+/// What an account's streams on a new connection take over from.
+#[derive(Debug, Clone)]
+struct Handoff {
+    /// The account's drain signal on the old connection.
+    drain: CancellationToken,
+    /// Cancelled when the new streams are being set up: from then on the
+    /// old streams' errors are no reason to drop their connection.
+    superseded: CancellationToken,
+}
+
+/// The shortest time an old connection gets to finish its relayed requests.
+pub const MIN_DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Opens `Control` on the session's connection; `None` (logged) when the
+/// gateway does not serve it.
+async fn open_control(session: &Session) -> Option<tonic::Streaming<ControlEvent>> {
+    let request = ControlRequest {
+        agent_id: session.agent_id().to_owned(),
+    };
+    match session.client().control(request).await {
+        Ok(response) => Some(response.into_inner()),
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            debug!("gateway serves no Control stream");
+            None
+        }
+        Err(status) => {
+            warn!(error = %status, "Control stream not opened; reconnect signals will be missed");
+            None
+        }
+    }
+}
+
+/// The next `Reconnect` on `control`; `None` once the stream has ended (and
+/// never, while there is no stream).
+async fn next_control(control: &mut Option<tonic::Streaming<ControlEvent>>) -> Option<Reconnect> {
+    let Some(stream) = control else {
+        return std::future::pending().await;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(ControlEvent {
+                event: Some(control_event::Event::Reconnect(r)),
+            })) => return Some(r),
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(status) => {
+                debug!(error = %status, "Control stream ended");
+                return None;
+            }
+        }
+    }
+}
+
+/// One account's streams on one connection.
+struct AccountRun {
     session: Arc<Session>,
     cluster: Cluster,
     settings: CacheSettings,
     state: Publisher,
-) -> Result<Infallible> {
+    /// Held by the account's one cache stream, so the streams on an old and a
+    /// new connection never feed the sidecar at once.
+    cache_slot: Arc<tokio::sync::Mutex<()>>,
+    drain: CancellationToken,
+    handoff: Option<Handoff>,
+    superseded: CancellationToken,
+    /// With leader election: this replica's term; the cache stream runs
+    /// only while it is not 0.
+    leader: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+/// Both streams of one account. Ends with the first to fail, or — once
+/// drained because the account moved — when the relay stream has finished
+/// its requests in flight.
+async fn run_account(run: AccountRun) -> Result<()> {
+    let AccountRun {
+        session,
+        cluster,
+        settings,
+        state,
+        cache_slot,
+        drain,
+        handoff,
+        superseded,
+        mut leader,
+    } = run;
     let name = cluster.account.clone();
     let synced_state = state.clone();
     let synced_name = name.clone();
     let metrics = settings.metrics.clone();
-    let cache = cache::run(&session, &cluster, settings, move || {
-        synced_state.account(&synced_name, AccountState::Synced);
-    });
-    let relay = relay::run(&session, &cluster, &metrics);
+    let (opened_tx, mut opened_rx) = tokio::sync::watch::channel(false);
+    let relay = relay::run(&session, &cluster, &metrics, drain.clone(), opened_tx);
+    let cache = async {
+        if let Some(handoff) = handoff {
+            // The old connection steps back once the sidecar has this
+            // connection's relay stream, so no request finds no stream.
+            if opened_rx.wait_for(|open| *open).await.is_err() {
+                return Ok(()); // the relay stream failed; its error ends us
+            }
+            handoff.drain.cancel();
+        }
+        let on_synced = move || synced_state.account(&synced_name, AccountState::Synced);
+        loop {
+            let term = match leader.as_mut() {
+                None => 0,
+                Some(rx) if *rx.borrow() > 0 => *rx.borrow(),
+                Some(rx) => {
+                    state.account(&name, AccountState::Standby);
+                    tokio::select! {
+                        term = rx.wait_for(|t| *t > 0) => match term {
+                            Ok(term) => *term,
+                            Err(_) => return Ok(()), // the account's elector stopped
+                        },
+                        () = drain.cancelled() => return Ok(()),
+                    }
+                }
+            };
+            if leader.is_some() {
+                state.account(&name, AccountState::Streaming);
+            }
+            let _slot = tokio::select! {
+                slot = cache_slot.lock() => slot,
+                () = drain.cancelled() => return Ok(()),
+            };
+            if term > 0 && settings.outbox.start_term(term, initial_seq()) {
+                info!(account = %name, term, "leader: caching from the sidecar's resourceVersions");
+            }
+            let lost = async {
+                match leader.as_mut() {
+                    Some(rx) => {
+                        let _ = rx.wait_for(|t| *t != term).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = cache::run(&session, &cluster, settings.clone(), on_synced.clone()) => {
+                    return r.map(|never| match never {});
+                }
+                () = drain.cancelled() => return Ok(()),
+                () = lost => info!(account = %name, "leadership lost; cache stream closed"),
+            }
+        }
+    };
     state.account(&name, AccountState::Streaming);
-    tokio::select! {
-        r = cache => r,
-        r = relay => r,
+    tokio::pin!(relay, cache);
+    let mut cache_done = false;
+    loop {
+        tokio::select! {
+            r = &mut relay => {
+                // Once the account has moved (or was removed), how its old
+                // stream ends is no reason to drop the connection.
+                return match r {
+                    Err(e) if drain.is_cancelled() || superseded.is_cancelled() => {
+                        debug!(account = %name, error = %e, "drained relay stream ended");
+                        Ok(())
+                    }
+                    r => r,
+                };
+            }
+            r = &mut cache, if !cache_done => {
+                if let Err(e) = r {
+                    if !superseded.is_cancelled() {
+                        return Err(e);
+                    }
+                    debug!(account = %name, error = %e, "superseded cache stream ended");
+                }
+                cache_done = true;
+            }
+        }
     }
 }

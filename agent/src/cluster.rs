@@ -46,30 +46,67 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Builds the client from the account's kubeconfig or the in-cluster
-    /// service account.
+    /// Builds the client from the account's kubeconfig (a file, or a Secret
+    /// read with the in-cluster service account) or the in-cluster service
+    /// account.
     pub async fn connect(account: &AccountConfig) -> Result<Self> {
-        let kube_config = match &account.kubeconfig_file {
-            Some(path) => {
-                let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::KubeConfig {
-                    account: account.name.clone(),
-                    message: format!("{}: {e}", path.display()),
-                })?;
-                let options = KubeConfigOptions {
-                    context: account.context.clone(),
-                    ..KubeConfigOptions::default()
-                };
+        Self::connect_with_env(account, |name| std::env::var(name).ok()).await
+    }
+
+    /// [`Cluster::connect`] with the environment (`KUBERNETES_SERVICE_HOST`,
+    /// `KUBERNETES_SERVICE_PORT`) read through `env`.
+    pub async fn connect_with_env(
+        account: &AccountConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let config_error = |message: String| Error::KubeConfig {
+            account: account.name.clone(),
+            message,
+        };
+        let options = KubeConfigOptions {
+            context: account.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let in_cluster = || {
+            let dir = account.service_account_dir.clone().unwrap_or_else(|| {
+                std::path::PathBuf::from(crate::config::DEFAULT_SERVICE_ACCOUNT_DIR)
+            });
+            crate::incluster::config_with_env(&dir, &env)
+                .map_err(|e| config_error(format!("in-cluster service account: {e}")))
+        };
+        let mut bearer = None;
+        let kube_config = match (&account.kubeconfig_file, &account.kubeconfig_secret) {
+            (Some(path), _) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| config_error(format!("{}: {e}", path.display())))?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                     .await
-                    .map_err(|e| Error::KubeConfig {
+                    .map_err(|e| config_error(format!("{}: {e}", path.display())))?
+            }
+            (None, Some(secret)) => {
+                let (config, token) = in_cluster()?;
+                let home =
+                    crate::incluster::client(config, token).map_err(|source| Error::Kube {
                         account: account.name.clone(),
-                        message: format!("{}: {e}", path.display()),
+                        source,
+                    })?;
+                let kubeconfig = read_kubeconfig_secret(home, secret)
+                    .await
+                    .map_err(config_error)?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| {
+                        config_error(format!(
+                            "kubeconfig in Secret {}/{}: {e}",
+                            secret.namespace, secret.name
+                        ))
                     })?
             }
-            None => kube::Config::incluster().map_err(|e| Error::KubeConfig {
-                account: account.name.clone(),
-                message: format!("in-cluster service account: {e}"),
-            })?,
+            (None, None) => {
+                let (config, token) = in_cluster()?;
+                bearer = Some(token);
+                config
+            }
         };
         let ca_fingerprint = kube_config
             .root_cert
@@ -78,10 +115,14 @@ impl Cluster {
             .map(|der| hex::encode(ring::digest::digest(&ring::digest::SHA256, der)))
             .unwrap_or_default();
         let api_server = kube_config.cluster_url.to_string();
-        let client = kube::Client::try_from(kube_config).map_err(|source| Error::Kube {
+        let kube_error = |source| Error::Kube {
             account: account.name.clone(),
             source,
-        })?;
+        };
+        let client = match bearer {
+            None => kube::Client::try_from(kube_config).map_err(kube_error)?,
+            Some(token) => crate::incluster::client(kube_config, token).map_err(kube_error)?,
+        };
         // Checked by `Config::validate` already; never fall back to the
         // agent's own rights if it were unusable.
         let impersonate = match &account.impersonate {
@@ -228,6 +269,33 @@ fn group_versions(apis: &[u8]) -> serde_json::Result<Vec<String>> {
     }
     Ok(out)
 }
+
+/// The kubeconfig in `secret`, read with `client` (the agent's own cluster).
+/// Errors never quote the Secret's content.
+async fn read_kubeconfig_secret(
+    client: kube::Client,
+    secret: &crate::config::SecretRef,
+) -> std::result::Result<Kubeconfig, String> {
+    use k8s_openapi::api::core::v1::Secret;
+    let key = secret.key.as_deref().unwrap_or(DEFAULT_KUBECONFIG_KEY);
+    let named = format!("Secret {}/{}", secret.namespace, secret.name);
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, &secret.namespace);
+    let found = api
+        .get(&secret.name)
+        .await
+        .map_err(|e| format!("reading {named}: {e}"))?;
+    let data = found
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .ok_or_else(|| format!("{named} has no key {key:?}"))?;
+    let text =
+        std::str::from_utf8(&data.0).map_err(|_| format!("{named} key {key:?} is not UTF-8"))?;
+    Kubeconfig::from_yaml(text).map_err(|_| format!("{named} key {key:?} is not a kubeconfig"))
+}
+
+/// The data key of a kubeconfig Secret when `kubeconfigSecret.key` is unset.
+pub const DEFAULT_KUBECONFIG_KEY: &str = "config";
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,14 @@ pub const DEFAULT_MAX_BACKOFF_MILLIS: u64 = 30_000;
 /// Default interval of application heartbeats on each cache stream, in seconds.
 /// Well inside the 350 s idle cut of cloud load balancers.
 pub const DEFAULT_HEARTBEAT_SECONDS: u64 = 30;
+/// Where Kubernetes mounts a pod's service account.
+pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Default `leaderElection.leaseDurationSeconds` (as client-go's default).
+pub const DEFAULT_LEASE_DURATION_SECONDS: u64 = 15;
+/// Default `leaderElection.namespace`.
+pub const DEFAULT_LEASE_NAMESPACE: &str = "default";
+/// Default interval of configuration file checks (hot reload).
+pub const DEFAULT_RELOAD_INTERVAL_SECONDS: u64 = 2;
 
 /// Default size of the unacked window: `CacheUp` messages sent but not yet
 /// acknowledged by the sidecar, per account. When full, the watches wait.
@@ -91,10 +99,48 @@ pub struct Config {
     pub tasks: TasksConfig,
     /// The admin port.
     pub admin: AdminConfig,
+    /// How often the configuration file is checked for changes (hot reload
+    /// of `kubernetes.accounts`); 0 turns it off.
+    pub reload_interval_seconds: u64,
+    /// Several replicas per cluster: a Lease per account elects the one that
+    /// caches; every replica relays.
+    pub leader_election: LeaderElectionConfig,
+    /// The file the configuration was read from, watched for changes. Not a
+    /// YAML key.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
     /// Where the configuration came from (file path or an origin label), for
     /// error messages. Not a YAML key.
     #[serde(skip)]
     pub origin: String,
+}
+
+/// The `leaderElection:` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct LeaderElectionConfig {
+    /// Off: every replica caches (one replica per cluster).
+    pub enabled: bool,
+    /// How long a leader that stopped renewing keeps the Lease; another
+    /// replica takes over within this time.
+    pub lease_duration_seconds: u64,
+    /// Namespace of the Leases (`spinlink-agent-<account>`), in each
+    /// account's cluster.
+    pub namespace: String,
+    /// This replica's holder identity; default the `POD_NAME` environment
+    /// variable, else the host name, plus a random suffix.
+    pub identity: Option<String>,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
+            namespace: DEFAULT_LEASE_NAMESPACE.to_owned(),
+            identity: None,
+        }
+    }
 }
 
 /// The `gateway:` section: the address and TLS material of the gateway.
@@ -228,6 +274,18 @@ pub struct KubernetesConfig {
     pub accounts: Vec<AccountConfig>,
 }
 
+/// `kubeconfigSecret:` of an account.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecretRef {
+    /// The Secret's namespace. Required.
+    pub namespace: String,
+    /// The Secret's name. Required.
+    pub name: String,
+    /// The data key holding the kubeconfig; default `config`.
+    pub key: Option<String>,
+}
+
 /// One account: a cluster and how to reach its API server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -240,6 +298,15 @@ pub struct AccountConfig {
     pub context: Option<String>,
     /// Use the in-cluster service account; exclusive with `kubeconfig_file`.
     pub service_account: bool,
+    /// A kubeconfig kept in a Secret of the cluster the agent runs in, read
+    /// with the in-cluster service account; exclusive with `kubeconfigFile`
+    /// and `serviceAccount`.
+    pub kubeconfig_secret: Option<SecretRef>,
+    /// Where the service account's `token`, `ca.crt` and `namespace` are
+    /// mounted (with `serviceAccount: true` or `kubeconfigSecret`); default
+    /// [`DEFAULT_SERVICE_ACCOUNT_DIR`]. The token is read again whenever the
+    /// file changes (the kubelet rotates it).
+    pub service_account_dir: Option<PathBuf>,
     /// Watch only these kinds: a kind name (`Deployment`), a plural resource
     /// (`deployments`), `resource.group` or `Kind.group`. Every kind the API
     /// server can list and watch when empty. Exclusive with `omit_kinds`.
@@ -303,15 +370,16 @@ pub enum CustomResourceDefinition {
     Object(CustomResourceObject),
 }
 
-/// Spinnaker's form of a custom resource entry; only `kind` is used.
+/// Spinnaker's form of a custom resource entry; only `kind` is supported.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct CustomResourceObject {
     /// `Kind.group` or `resource.group`.
     pub kind: String,
-    /// Spinnaker's kind mapping (accepted, not used by the agent).
+    /// Spinnaker's kind mapping: refused by validation (the agent keeps
+    /// Kubernetes kind names).
     pub spinnaker_kind: Option<String>,
-    /// Accepted, not used by the agent.
+    /// Refused by validation.
     pub versioned: Option<bool>,
 }
 
@@ -365,6 +433,9 @@ impl Default for Config {
             cache: CacheConfig::default(),
             tasks: TasksConfig::default(),
             admin: AdminConfig::default(),
+            reload_interval_seconds: DEFAULT_RELOAD_INTERVAL_SECONDS,
+            leader_election: LeaderElectionConfig::default(),
+            file: None,
             origin: String::new(),
         }
     }
@@ -377,7 +448,9 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_yaml_str(&text, &path.display().to_string())
+        let mut config = Self::from_yaml_str(&text, &path.display().to_string())?;
+        config.file = Some(path.to_owned());
+        Ok(config)
     }
 
     /// Parses and validates YAML; `origin` names its source in errors.
@@ -503,6 +576,22 @@ impl Config {
             }
         }
 
+        let le = &self.leader_election;
+        if le.enabled {
+            if le.lease_duration_seconds < 2 {
+                return Err(invalid(
+                    "leaderElection.leaseDurationSeconds",
+                    "must be >= 2",
+                ));
+            }
+            if le.namespace.is_empty() {
+                return Err(invalid("leaderElection.namespace", "required"));
+            }
+            if le.identity.as_deref().is_some_and(str::is_empty) {
+                return Err(invalid("leaderElection.identity", "must not be empty"));
+            }
+        }
+
         if self.kubernetes.accounts.is_empty() {
             return Err(invalid(
                 "kubernetes.accounts",
@@ -525,21 +614,37 @@ impl Config {
                     &format!("duplicate account name {:?}", account.name),
                 ));
             }
-            match (&account.kubeconfig_file, account.service_account) {
-                (Some(_), true) => {
-                    return Err(invalid(
-                        &key("kubeconfigFile"),
-                        "set either kubeconfigFile or serviceAccount: true, not both",
-                    ));
+            let sources = usize::from(account.kubeconfig_file.is_some())
+                + usize::from(account.service_account)
+                + usize::from(account.kubeconfig_secret.is_some());
+            if sources != 1 {
+                return Err(invalid(
+                    &key("kubeconfigFile"),
+                    "exactly one of kubeconfigFile, kubeconfigSecret or serviceAccount: true is required",
+                ));
+            }
+            if let Some(path) = &account.kubeconfig_file {
+                file_exists(&key("kubeconfigFile"), path)?;
+            }
+            if let Some(secret) = &account.kubeconfig_secret {
+                if secret.namespace.is_empty() {
+                    return Err(invalid(&key("kubeconfigSecret.namespace"), "required"));
                 }
-                (None, false) => {
-                    return Err(invalid(
-                        &key("kubeconfigFile"),
-                        "one of kubeconfigFile or serviceAccount: true is required",
-                    ));
+                if secret.name.is_empty() {
+                    return Err(invalid(&key("kubeconfigSecret.name"), "required"));
                 }
-                (Some(path), false) => file_exists(&key("kubeconfigFile"), path)?,
-                (None, true) => {}
+                if secret.key.as_deref().is_some_and(str::is_empty) {
+                    return Err(invalid(&key("kubeconfigSecret.key"), "must not be empty"));
+                }
+            }
+            if account.service_account_dir.is_some()
+                && !account.service_account
+                && account.kubeconfig_secret.is_none()
+            {
+                return Err(invalid(
+                    &key("serviceAccountDir"),
+                    "only used with serviceAccount: true or kubeconfigSecret",
+                ));
             }
             // A list and its omit list together would leave the reader
             // guessing which wins.
@@ -572,6 +677,28 @@ impl Config {
                             &key("impersonate"),
                             &format!("{value:?} is not usable as a header value"),
                         ));
+                    }
+                }
+            }
+            for (j, crd) in account.custom_resource_definitions.iter().enumerate() {
+                // Spinnaker's mapping keys change nothing in what the agent
+                // watches; accepting them silently would mislead.
+                if let CustomResourceDefinition::Object(o) = crd {
+                    let crd_key = |k: &str| key(&format!("customResourceDefinitions[{j}].{k}"));
+                    if o.spinnaker_kind.is_some() {
+                        return Err(invalid(
+                            &crd_key("spinnakerKind"),
+                            "not supported by this agent (kinds keep their Kubernetes names); remove it",
+                        ));
+                    }
+                    if o.versioned.is_some() {
+                        return Err(invalid(
+                            &crd_key("versioned"),
+                            "not supported by this agent; remove it",
+                        ));
+                    }
+                    if o.kind.is_empty() {
+                        return Err(invalid(&crd_key("kind"), "required"));
                     }
                 }
             }

@@ -17,9 +17,12 @@ pub mod cache;
 pub mod cluster;
 pub mod config;
 pub mod connection;
+pub mod incluster;
 pub mod kinds;
+pub mod leader;
 pub mod metrics;
 pub mod relay;
+pub mod reload;
 pub mod scrub;
 pub mod state;
 

@@ -19,6 +19,13 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// Labels: the result of an operation.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// What happened.
+    pub result: String,
+}
+
 /// Labels: account, verb and outcome of a relayed request.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RelayLabels {
@@ -55,6 +62,12 @@ pub struct Metrics {
     pub relays: Family<RelayLabels, Counter>,
     /// Gateway connections made.
     pub reconnects: Counter,
+    /// Moves to a new connection on the gateway's `Reconnect`.
+    pub moves: Counter,
+    /// Channel token renewals (one `Hello` each).
+    pub token_renewals: Counter,
+    /// Configuration reloads by result (`applied`, `refused`).
+    pub reloads: Family<ResultLabels, Counter>,
     /// Messages in the unacked window, per account.
     pub unacked: Family<AccountLabels, Gauge>,
 }
@@ -76,6 +89,9 @@ impl Metrics {
         let gone = Family::<KindLabels, Counter>::default();
         let relays = Family::<RelayLabels, Counter>::default();
         let reconnects = Counter::default();
+        let moves = Counter::default();
+        let token_renewals = Counter::default();
+        let reloads = Family::<ResultLabels, Counter>::default();
         let unacked = Family::<AccountLabels, Gauge>::default();
         registry.register("events", "Watch events sent", events.clone());
         registry.register("bytes", "Object bytes sent", bytes.clone());
@@ -93,6 +109,21 @@ impl Metrics {
             reconnects.clone(),
         );
         registry.register(
+            "connection_moves",
+            "Moves to a new gateway connection asked for by the gateway",
+            moves.clone(),
+        );
+        registry.register(
+            "token_renewals",
+            "Channel token renewals",
+            token_renewals.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Configuration file changes, by result",
+            reloads.clone(),
+        );
+        registry.register(
             "unacked_messages",
             "Messages sent and not acknowledged",
             unacked.clone(),
@@ -106,6 +137,9 @@ impl Metrics {
             gone,
             relays,
             reconnects,
+            moves,
+            token_renewals,
+            reloads,
             unacked,
         }
     }
@@ -118,7 +152,16 @@ impl Metrics {
         }
     }
 
-    /// Counts a relayed request.
+    /// Counts a configuration reload.
+    pub fn reload(&self, result: &str) {
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one relayed request.
     pub fn relay(&self, account: &str, verb: &str, outcome: &str) {
         self.relays
             .get_or_create(&RelayLabels {

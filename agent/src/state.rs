@@ -22,6 +22,9 @@ pub enum AccountState {
     Streaming,
     /// Every watched kind has completed its initial listing.
     Synced,
+    /// Leader election: another replica holds the account's Lease and
+    /// caches; this one relays only.
+    Standby,
 }
 
 /// The writing side of the state channel, shared by the tasks that change it.
@@ -64,5 +67,11 @@ impl Publisher {
         self.tx.send_if_modified(|s| {
             s.accounts.insert(name.to_owned(), state.clone()).as_ref() != Some(&state)
         });
+    }
+
+    /// Forgets an account (removed from the configuration).
+    pub(crate) fn remove(&self, name: &str) {
+        self.tx
+            .send_if_modified(|s| s.accounts.remove(name).is_some());
     }
 }

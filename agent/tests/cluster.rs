@@ -120,12 +120,13 @@ async fn sync_events_relay_and_no_secret_values() {
     let agent_task = tokio::spawn(agent.run(shutdown.clone()));
 
     // Initial sync: discovery, then SyncStart … SyncEnd for each discovered kind.
-    gw.wait_for("SyncEnd for 10 kinds", |r| {
+    // Every kind kube-sim's discovery advertises (59 preferred versions).
+    gw.wait_for("SyncEnd for 59 kinds", |r| {
         r.cache_up
             .iter()
             .filter(|(_, m)| matches!(m.msg, Some(cache_up::Msg::SyncEnd(_))))
             .count()
-            >= 10
+            >= 59
     })
     .await;
     state
@@ -143,18 +144,68 @@ async fn sync_events_relay_and_no_secret_values() {
             v.sort();
             v
         };
-        // Every listable and watchable kind kube-sim's discovery advertises.
+        // Every listable and watchable kind kube-sim's discovery advertises
+        // (preferred versions): kube-sim serves them all, as a real server does.
         let expected = vec![
             "/v1/configmaps",
+            "/v1/endpoints",
             "/v1/events",
+            "/v1/limitranges",
             "/v1/namespaces",
+            "/v1/nodes",
+            "/v1/persistentvolumeclaims",
+            "/v1/persistentvolumes",
             "/v1/pods",
+            "/v1/podtemplates",
+            "/v1/replicationcontrollers",
+            "/v1/resourcequotas",
             "/v1/secrets",
+            "/v1/serviceaccounts",
             "/v1/services",
+            "admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
+            "admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings",
+            "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            "admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+            "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+            "admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
             "apiextensions.k8s.io/v1/customresourcedefinitions",
+            "apiregistration.k8s.io/v1/apiservices",
+            "apps/v1/controllerrevisions",
+            "apps/v1/daemonsets",
             "apps/v1/deployments",
             "apps/v1/replicasets",
+            "apps/v1/statefulsets",
+            "autoscaling/v2/horizontalpodautoscalers",
+            "batch/v1/cronjobs",
+            "batch/v1/jobs",
+            "certificates.k8s.io/v1/certificatesigningrequests",
             "coordination.k8s.io/v1/leases",
+            "discovery.k8s.io/v1/endpointslices",
+            "events.k8s.io/v1/events",
+            "flowcontrol.apiserver.k8s.io/v1/flowschemas",
+            "flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations",
+            "networking.k8s.io/v1/ingressclasses",
+            "networking.k8s.io/v1/ingresses",
+            "networking.k8s.io/v1/ipaddresses",
+            "networking.k8s.io/v1/networkpolicies",
+            "networking.k8s.io/v1/servicecidrs",
+            "node.k8s.io/v1/runtimeclasses",
+            "policy/v1/poddisruptionbudgets",
+            "rbac.authorization.k8s.io/v1/clusterrolebindings",
+            "rbac.authorization.k8s.io/v1/clusterroles",
+            "rbac.authorization.k8s.io/v1/rolebindings",
+            "rbac.authorization.k8s.io/v1/roles",
+            "resource.k8s.io/v1/deviceclasses",
+            "resource.k8s.io/v1/resourceclaims",
+            "resource.k8s.io/v1/resourceclaimtemplates",
+            "resource.k8s.io/v1/resourceslices",
+            "scheduling.k8s.io/v1/priorityclasses",
+            "storage.k8s.io/v1/csidrivers",
+            "storage.k8s.io/v1/csinodes",
+            "storage.k8s.io/v1/csistoragecapacities",
+            "storage.k8s.io/v1/storageclasses",
+            "storage.k8s.io/v1/volumeattachments",
+            "storage.k8s.io/v1/volumeattributesclasses",
         ];
         assert_eq!(
             kinds(|m| match m {

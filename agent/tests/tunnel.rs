@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{FakeGateway, write_plain_kubeconfig};
 use spinlink_agent::{AccountState, Agent, Config};
 use spinlink_proto::v1::{self, cache_down, cache_up, relay_down, relay_up};
@@ -165,22 +167,73 @@ async fn hello_streams_metadata_and_refusal() {
 }
 
 #[tokio::test]
-async fn short_lived_tokens_are_renewed_before_opening() {
+async fn short_lived_tokens_are_renewed_without_dropping_streams() {
     let dir = tempfile::tempdir().unwrap();
     let gw = FakeGateway::start(dir.path()).await;
-    gw.token_ttl(10); // under the 30 s renewal margin
+    gw.token_ttl(2);
     let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
     let agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
     gw.wait_for("both streams", |r| r.streams.len() >= 2).await;
+    // Renewals every ~1.3 s: four Hellos take a few TTLs.
+    gw.wait_for("three renewals", |r| r.hellos.len() >= 4).await;
     gw.with(|r| {
-        // One Hello for all, then one renewal per stream opened.
-        assert!(r.hellos.len() >= 3, "{}", r.hellos.len());
+        // All on the first connection, which never dropped a stream.
+        assert!(r.hellos.iter().all(|(c, _)| *c == r.hellos[0].0));
+        assert_eq!(r.streams.len(), 2, "{:?}", r.streams);
         assert!(r.streams.iter().all(|s| s.token_valid));
-        let first_token = r.streams[0].token.clone();
-        assert!(r.streams.iter().all(|s| s.token != Some(String::new())));
-        assert!(first_token.is_some());
     });
     agent.stop().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn streams_opened_after_a_renewal_use_the_new_token() {
+    use spinlink_agent::connection::{connect, session::Session, stream_request};
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.token_ttl(3);
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let config =
+        spinlink_agent::Config::from_yaml_str(&gw.agent_yaml(&[("dev", &dev)]), "agent.yaml")
+            .unwrap();
+    let client = connect(&config.gateway).await.unwrap();
+    let info = v1::AccountInfo {
+        name: "dev".into(),
+        ..Default::default()
+    };
+    let session = Session::new(client, "a1".into(), vec![info]);
+    let grant = session.hello(&[]).await.unwrap().granted[0].clone();
+    let renew_at = session.renew_at().expect("an expiring token");
+    tokio::time::sleep_until(renew_at).await;
+    assert_eq!(session.renew().await.unwrap(), 1);
+    // Past the first token's expiry (and before the renewed one is due):
+    // only the renewed one is still good.
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    while unix_now() < grant.expires_at_unix {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = grant.token;
+    let token = session.token("dev").await.unwrap();
+    assert_ne!(token, first);
+    let open = v1::RelayUp {
+        msg: Some(v1::relay_up::Msg::Open(v1::RelayOpen {
+            account: "dev".into(),
+            agent_id: "a1".into(),
+        })),
+    };
+    let request = stream_request(futures::stream::iter([open]), "dev", &token).unwrap();
+    let _ = session.client().relay(request).await;
+    gw.with(|r| {
+        assert_eq!(r.hellos.len(), 2, "no Hello beyond the renewal");
+        let stream = r.streams.last().expect("the relay stream");
+        assert_eq!(stream.token.as_deref(), Some(token.as_str()));
+        assert!(stream.token_valid);
+    });
     gw.stop().await;
 }
 

@@ -94,7 +94,15 @@ pub async fn run(
             ca_fingerprint: cluster.ca_fingerprint.clone(),
         })),
     };
-    let outbound = futures::stream::iter([open]).chain(outbox.clone().stream_from(baseline));
+    // The request body is polled by the connection, not by this future:
+    // it must end when this future is dropped (the account moved to a new
+    // connection or was removed), or it would keep the stream — and the
+    // connection — open.
+    let ended = tokio_util::sync::CancellationToken::new();
+    let _end_on_drop = ended.clone().drop_guard();
+    let outbound = futures::stream::iter([open])
+        .chain(outbox.clone().stream_from(baseline))
+        .take_until(ended.cancelled_owned());
     let token = session.token(&account).await?;
     let request = stream_request(outbound, &account, &token)?;
     let mut inbound = session

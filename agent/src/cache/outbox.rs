@@ -42,6 +42,8 @@ struct Inner {
     listing: BTreeSet<WatchedKind>,
     /// Messages pushed since creation (for metrics).
     pushed: u64,
+    /// The leadership term the numbering belongs to (0: no election).
+    term: u64,
 }
 
 /// One account's window of unacknowledged messages.
@@ -64,6 +66,7 @@ impl Outbox {
                 acked: start,
                 listing: BTreeSet::new(),
                 pushed: 0,
+                term: 0,
             }),
             space: Semaphore::new(capacity),
             added: Notify::new(),
@@ -108,6 +111,31 @@ impl Outbox {
         };
         self.added.notify_waiters();
         seq
+    }
+
+    /// Starts leadership term `term` (leader election): the first time for a
+    /// term, the window is dropped and numbering continues from `start` if
+    /// that is higher. The replica that led before counted from its own start
+    /// time, so a number taken from the clock now is above anything it sent;
+    /// what the window held is covered by resuming from the sidecar's
+    /// resourceVersions. Returns whether anything changed.
+    pub fn start_term(&self, term: u64, start: u64) -> bool {
+        let freed = {
+            let mut inner = self.lock();
+            if inner.term == term {
+                return false;
+            }
+            inner.term = term;
+            let freed = inner.window.len();
+            inner.window.clear();
+            inner.listing.clear();
+            let from = inner.last_seq.max(start);
+            inner.last_seq = from;
+            inner.acked = from;
+            freed
+        };
+        self.space.add_permits(freed);
+        true
     }
 
     /// The sidecar holds everything up to `seq`: drop it from the window.
@@ -226,6 +254,25 @@ mod tests {
         assert_eq!(outbox.acked(), 103);
         outbox.ack(1_000);
         assert_eq!((outbox.acked(), outbox.unacked()), (105, 0));
+    }
+
+    #[tokio::test]
+    async fn a_new_leadership_term_numbers_from_the_clock() {
+        let outbox = Arc::new(Outbox::new(2, 100));
+        outbox.push(beat(1)).await;
+        outbox.push(beat(2)).await;
+        // The window is full; a new term drops it and frees its space.
+        assert!(outbox.start_term(1, 5_000));
+        assert_eq!((outbox.acked(), outbox.unacked()), (5_000, 0));
+        assert_eq!(outbox.push(beat(3)).await, 5_001);
+        assert_eq!(outbox.push(beat(4)).await, 5_002);
+        // The same term again (the account moved connections): untouched.
+        assert!(!outbox.start_term(1, 9_000));
+        assert_eq!(outbox.unacked(), 2);
+        // A clock behind the numbers never lowers them.
+        outbox.ack(5_002);
+        assert!(outbox.start_term(2, 10));
+        assert_eq!(outbox.push(beat(5)).await, 5_003);
     }
 
     #[tokio::test]

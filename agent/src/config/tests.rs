@@ -107,7 +107,56 @@ fn both_kubeconfig_and_service_account() {
         err.contains("kubernetes.accounts[0].kubeconfigFile"),
         "{err}"
     );
-    assert!(err.contains("not both"), "{err}");
+    assert!(err.contains("exactly one of"), "{err}");
+}
+
+#[test]
+fn kubeconfig_secret_and_service_account_dir() {
+    let f = Files::new();
+    let parse = |account: &str| Config::from_yaml_str(&f.yaml(account), "agent.yaml");
+    let c = parse(concat!(
+        "    - name: dev\n",
+        "      kubeconfigSecret: {namespace: spinlink, name: kc}\n",
+        "      serviceAccountDir: /sa\n",
+    ))
+    .unwrap();
+    let a = &c.kubernetes.accounts[0];
+    assert_eq!(a.kubeconfig_secret.as_ref().unwrap().name, "kc");
+    assert_eq!(a.service_account_dir.as_deref(), Some(Path::new("/sa")));
+    for (account, named) in [
+        (
+            "    - name: dev
+      kubeconfigSecret: {namespace: spinlink}
+",
+            "kubernetes.accounts[0].kubeconfigSecret.name",
+        ),
+        (
+            "    - name: dev
+      kubeconfigSecret: {namespace: s, name: k, keys: x}
+",
+            "keys",
+        ),
+        (
+            "    - name: dev
+      serviceAccount: true
+      kubeconfigSecret: {namespace: s, name: k}
+",
+            "exactly one of",
+        ),
+    ] {
+        let err = parse(account).unwrap_err().to_string();
+        assert!(err.contains(named), "{account}: {err}");
+    }
+    let yaml = format!(
+        "{}      serviceAccountDir: /sa
+",
+        f.account("dev")
+    );
+    let err = parse(&yaml).unwrap_err().to_string();
+    assert!(
+        err.contains("kubernetes.accounts[0].serviceAccountDir"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -309,4 +358,45 @@ fn impersonation_names_a_user_or_a_service_account() {
             assert!(err.contains("kubernetes.accounts[0].impersonate"), "{err}");
         }
     }
+}
+
+#[test]
+fn spinnaker_crd_mapping_keys_are_refused_by_name() {
+    let f = Files::new();
+    for (entry, named) in [
+        (
+            "      - kind: CronTab.stable.example.com\n        spinnakerKind: crontabs\n",
+            "kubernetes.accounts[0].customResourceDefinitions[0].spinnakerKind",
+        ),
+        (
+            "      - kind: CronTab.stable.example.com\n        versioned: true\n",
+            "kubernetes.accounts[0].customResourceDefinitions[0].versioned",
+        ),
+        (
+            "      - versioned: true\n",
+            "kubernetes.accounts[0].customResourceDefinitions[0].versioned",
+        ),
+    ] {
+        let yaml = f.yaml(&format!(
+            "{}      customResourceDefinitions:\n{entry}",
+            f.account("dev")
+        ));
+        let err = Config::from_yaml_str(&yaml, "agent.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(named), "{entry}: {err}");
+    }
+}
+
+#[test]
+fn reload_interval_parses_and_files_are_remembered() {
+    let f = Files::new();
+    let yaml = format!("{}reloadIntervalSeconds: 0\n", f.yaml(&f.account("dev")));
+    let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
+    assert_eq!(c.reload_interval_seconds, 0);
+    assert_eq!(c.file, None);
+    let path = f.dir.path().join("agent.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let c = Config::from_file(&path).unwrap();
+    assert_eq!(c.file.as_deref(), Some(path.as_path()));
 }

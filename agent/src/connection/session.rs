@@ -6,22 +6,35 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::time::Instant;
+
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{AccountInfo, ChannelGrant, HelloRequest, HelloResponse};
 use tonic::transport::Channel;
 
 use crate::{Error, Result};
 
-/// A token expiring sooner than this is renewed (by a new `Hello` on the same
-/// connection) before a stream is opened with it.
+/// Tokens are renewed (by a new `Hello` on the same connection) this long
+/// before they expire, or at two thirds of their lifetime when that is
+/// shorter, so a stream is never opened with a token about to expire.
 pub const TOKEN_RENEW_MARGIN: Duration = Duration::from_secs(30);
+/// Renewals are at least this far apart, whatever the gateway's TTL.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A granted token and when to renew it.
+#[derive(Clone)]
+struct Grant {
+    grant: ChannelGrant,
+    /// `None`: the gateway stated no expiry.
+    renew_at: Option<Instant>,
+}
 
 /// The agent's side of one gateway connection.
 pub struct Session {
     client: TunnelClient<Channel>,
     agent_id: String,
-    infos: BTreeMap<String, AccountInfo>,
-    grants: Mutex<HashMap<String, ChannelGrant>>,
+    infos: Mutex<BTreeMap<String, AccountInfo>>,
+    grants: Mutex<HashMap<String, Grant>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -29,7 +42,7 @@ impl std::fmt::Debug for Session {
         // Never the tokens.
         f.debug_struct("Session")
             .field("agent_id", &self.agent_id)
-            .field("accounts", &self.infos.keys().collect::<Vec<_>>())
+            .field("accounts", &self.accounts())
             .finish_non_exhaustive()
     }
 }
@@ -40,9 +53,34 @@ impl Session {
         Self {
             client,
             agent_id,
-            infos: infos.into_iter().map(|i| (i.name.clone(), i)).collect(),
+            infos: Mutex::new(infos.into_iter().map(|i| (i.name.clone(), i)).collect()),
             grants: Mutex::default(),
         }
+    }
+
+    /// The accounts this session announces.
+    pub fn accounts(&self) -> Vec<String> {
+        let infos = self.infos.lock().unwrap_or_else(|p| p.into_inner());
+        infos.keys().cloned().collect()
+    }
+
+    /// Announces `info` from the next `Hello` on (an account added or changed
+    /// by a configuration reload).
+    pub fn set_info(&self, info: AccountInfo) {
+        let mut infos = self.infos.lock().unwrap_or_else(|p| p.into_inner());
+        infos.insert(info.name.clone(), info);
+    }
+
+    /// Stops announcing `account` and forgets its token.
+    pub fn remove(&self, account: &str) {
+        self.infos
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(account);
+        self.grants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(account);
     }
 
     /// A client on this session's connection.
@@ -63,6 +101,8 @@ impl Session {
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             accounts: self
                 .infos
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
                 .values()
                 .filter(|i| accounts.is_empty() || accounts.contains(&i.name))
                 .cloned()
@@ -75,11 +115,50 @@ impl Session {
             .await
             .map_err(Error::Hello)?
             .into_inner();
+        let now = Instant::now();
+        let unix = unix_now();
         let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
         for grant in &response.granted {
-            grants.insert(grant.account.clone(), grant.clone());
+            let renew_at = renew_delay(grant.expires_at_unix, unix).map(|d| now + d);
+            grants.insert(
+                grant.account.clone(),
+                Grant {
+                    grant: grant.clone(),
+                    renew_at,
+                },
+            );
         }
         Ok(response)
+    }
+
+    /// When the first granted token is due for renewal; `None` when no token
+    /// expires.
+    pub fn renew_at(&self) -> Option<Instant> {
+        let grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
+        grants.values().filter_map(|g| g.renew_at).min()
+    }
+
+    /// Renews every granted token with one `Hello` on this connection.
+    /// Streams already open keep running (the gateway checks a token once,
+    /// when a stream opens); streams opened later use the new tokens.
+    /// Returns how many were renewed.
+    pub async fn renew(&self) -> Result<usize> {
+        let accounts: Vec<String> = {
+            let grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
+            grants.keys().cloned().collect()
+        };
+        if accounts.is_empty() {
+            return Ok(0);
+        }
+        let response = self.hello(&accounts).await?;
+        if !response.refused.is_empty() {
+            let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
+            for refusal in &response.refused {
+                // A refused account keeps no token: its next stream asks again.
+                grants.remove(&refusal.account);
+            }
+        }
+        Ok(response.granted.len())
     }
 
     /// The token to open a stream for `account` with, renewed first when it
@@ -99,7 +178,7 @@ impl Session {
         let grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
         grants
             .get(account)
-            .map(|g| g.token.clone())
+            .map(|g| g.grant.token.clone())
             .ok_or_else(|| Error::Refused {
                 account: account.to_owned(),
                 reason: "no token granted".into(),
@@ -109,9 +188,25 @@ impl Session {
     fn fresh_token(&self, account: &str) -> Option<String> {
         let grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
         let grant = grants.get(account)?;
-        expires_later_than(grant.expires_at_unix, unix_now(), TOKEN_RENEW_MARGIN)
-            .then(|| grant.token.clone())
+        grant
+            .renew_at
+            .is_none_or(|at| Instant::now() < at)
+            .then(|| grant.grant.token.clone())
     }
+}
+
+/// How long after issue a token expiring at `expires_at_unix` (0: never) is
+/// renewed, at `now`: [`TOKEN_RENEW_MARGIN`] before expiry, or after two
+/// thirds of its lifetime when that comes first.
+fn renew_delay(expires_at_unix: i64, now: i64) -> Option<Duration> {
+    if expires_at_unix == 0 {
+        return None;
+    }
+    let lifetime = u64::try_from(expires_at_unix.saturating_sub(now)).unwrap_or(0);
+    let lifetime = Duration::from_secs(lifetime);
+    let by_margin = lifetime.saturating_sub(TOKEN_RENEW_MARGIN);
+    let by_share = lifetime * 2 / 3;
+    Some(by_margin.max(by_share).max(MIN_RENEW_INTERVAL))
 }
 
 fn unix_now() -> i64 {
@@ -121,27 +216,21 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-/// True when a token expiring at `expires_at_unix` (0: no expiry stated)
-/// still has more than `margin` left at `now`.
-fn expires_later_than(expires_at_unix: i64, now: i64, margin: Duration) -> bool {
-    if expires_at_unix == 0 {
-        return true;
-    }
-    let margin = i64::try_from(margin.as_secs()).unwrap_or(i64::MAX);
-    expires_at_unix.saturating_sub(now) > margin
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn renewal_margin() {
-        let m = TOKEN_RENEW_MARGIN;
-        assert!(expires_later_than(0, 1000, m));
-        assert!(expires_later_than(1031, 1000, m));
-        assert!(!expires_later_than(1030, 1000, m));
-        assert!(!expires_later_than(1010, 1000, m));
-        assert!(!expires_later_than(900, 1000, m));
+    fn renewal_time() {
+        let secs = Duration::from_secs;
+        assert_eq!(renew_delay(0, 1000), None);
+        // Long-lived: renewed the margin before expiry.
+        assert_eq!(renew_delay(1600, 1000), Some(secs(570)));
+        // Short-lived: after two thirds of its lifetime.
+        assert_eq!(renew_delay(1060, 1000), Some(secs(40)));
+        assert_eq!(renew_delay(1003, 1000), Some(secs(2)));
+        // Already expired, or nearly: soon, but not in a loop.
+        assert_eq!(renew_delay(1000, 1000), Some(MIN_RENEW_INTERVAL));
+        assert_eq!(renew_delay(900, 1000), Some(MIN_RENEW_INTERVAL));
     }
 }

@@ -7,13 +7,14 @@ pub mod execute;
 pub mod policy;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use spinlink_proto::v1::{self, RelayUp, relay_down, relay_up};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cluster::Cluster;
@@ -29,6 +30,11 @@ pub const DEFAULT_RELAY_QUEUE: usize = 256;
 /// Largest request body accepted (the API server's own limit is 3 MiB).
 pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
 
+/// A draining relay stream ends once nothing is in flight and nothing has
+/// arrived for this long: requests the sidecar sent before it switched to the
+/// account's new stream are still on the way.
+pub const DRAIN_QUIET: Duration = Duration::from_millis(500);
+
 const STREAM: &str = "relay";
 
 /// A request whose body is still arriving.
@@ -38,9 +44,18 @@ struct Pending {
 }
 
 /// Opens the account's relay stream on the session's connection and serves
-/// requests until the stream fails. Every request is counted in `metrics` by
+/// requests until the stream fails, or, once `drain` is cancelled (the
+/// account moved to a new connection), until every request in flight has
+/// finished. `opened` is told when the sidecar has the stream (it sends new
+/// requests to the newest stream). Every request is counted in `metrics` by
 /// verb and outcome.
-pub async fn run(session: &Session, cluster: &Cluster, metrics: &Metrics) -> Result<Infallible> {
+pub async fn run(
+    session: &Session,
+    cluster: &Cluster,
+    metrics: &Metrics,
+    drain: CancellationToken,
+    opened: tokio::sync::watch::Sender<bool>,
+) -> Result<()> {
     let account = cluster.account.clone();
     let (tx, rx) = mpsc::channel(DEFAULT_RELAY_QUEUE);
     let open = RelayUp {
@@ -66,13 +81,30 @@ pub async fn run(session: &Session, cluster: &Cluster, metrics: &Metrics) -> Res
         })?
         .into_inner();
     info!(%account, "relay stream open");
+    // The response headers came back: the sidecar attached the stream.
+    opened.send_replace(true);
 
     let limit = Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT));
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     let mut running: HashMap<u64, AbortHandle> = HashMap::new();
     let mut tasks: JoinSet<u64> = JoinSet::new();
 
+    let mut last_message = tokio::time::Instant::now();
     loop {
+        let draining = drain.is_cancelled();
+        if draining && running.is_empty() && pending.is_empty() {
+            let quiet_until = last_message + DRAIN_QUIET;
+            if tokio::time::Instant::now() >= quiet_until {
+                info!(%account, "relay stream drained");
+                return Ok(());
+            }
+        }
+        let quiet = async {
+            if !draining || !running.is_empty() || !pending.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep_until(last_message + DRAIN_QUIET).await;
+        };
         let down = tokio::select! {
             down = inbound.message() => down,
             Some(done) = tasks.join_next() => {
@@ -81,7 +113,13 @@ pub async fn run(session: &Session, cluster: &Cluster, metrics: &Metrics) -> Res
                 }
                 continue;
             }
+            () = drain.cancelled(), if !draining => {
+                last_message = tokio::time::Instant::now();
+                continue;
+            }
+            () = quiet => continue,
         };
+        last_message = tokio::time::Instant::now();
         let msg = match down {
             Ok(Some(v1::RelayDown { msg: Some(msg) })) => msg,
             Ok(Some(v1::RelayDown { msg: None })) => continue,

@@ -44,7 +44,8 @@ pub struct StreamRecord {
     pub account: Option<String>,
     pub token: Option<String>,
     pub conn: ConnId,
-    /// Whether the token was granted on this connection for this account.
+    /// Whether the token was granted on this connection for this account
+    /// and has not expired.
     pub token_valid: bool,
 }
 
@@ -64,7 +65,8 @@ pub struct Records {
 struct Shared {
     records: Mutex<Records>,
     changed: Option<watch::Sender<u64>>,
-    tokens: Mutex<HashMap<String, (ConnId, String)>>,
+    /// Token → (connection, account, expiry).
+    tokens: Mutex<HashMap<String, (ConnId, String, i64)>>,
     refuse: Mutex<BTreeSet<String>>,
     relay_down: Mutex<HashMap<String, mpsc::Sender<Result<RelayDown, Status>>>>,
     cache_down: Mutex<Vec<mpsc::Sender<Result<CacheDown, Status>>>>,
@@ -123,7 +125,7 @@ impl Svc {
                 .lock()
                 .unwrap()
                 .get(t)
-                .is_some_and(|(c, acc)| *c == conn && acc == a),
+                .is_some_and(|(c, acc, exp)| *c == conn && acc == a && *exp > unix_now()),
             _ => false,
         };
         StreamRecord {
@@ -171,11 +173,10 @@ impl Tunnel for Svc {
             }
             let n = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
             let token = format!("tok-{}-{}-{n}", conn.0, account.name);
-            self.shared
-                .tokens
-                .lock()
-                .unwrap()
-                .insert(token.clone(), (conn, account.name.clone()));
+            self.shared.tokens.lock().unwrap().insert(
+                token.clone(),
+                (conn, account.name.clone(), unix_now() + ttl),
+            );
             response.granted.push(ChannelGrant {
                 account: account.name.clone(),
                 token,
