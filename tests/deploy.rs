@@ -926,7 +926,9 @@ fn check_agent_probes(config: &Value, deployment: &Value) -> Result<(), String> 
         .and_then(|ps| ps.iter().find(|p| p["name"] == "admin"))
         .and_then(|p| p["containerPort"].as_u64());
     if declared != Some(port) {
-        return Err(format!("admin containerPort {declared:?}, config listens on {port}"));
+        return Err(format!(
+            "admin containerPort {declared:?}, config listens on {port}"
+        ));
     }
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &agent[probe]["httpGet"];
@@ -970,7 +972,10 @@ fn agent_probes_reach_the_admin_port_the_config_opens() {
             .unwrap_or_else(|e| panic!("{}: {e}", overlay.display()));
     }
     // And the check can fail.
-    let objects = render("spinlink-agent", &chart_dir("spinlink-agent").join("ci/agent-watch-only.yaml"));
+    let objects = render(
+        "spinlink-agent",
+        &chart_dir("spinlink-agent").join("ci/agent-watch-only.yaml"),
+    );
     let deployment = one(&objects, "Deployment", "agent");
     let wrong: Value = serde_norway::from_str("admin: {listen: '0.0.0.0:9999'}").unwrap();
     assert!(check_agent_probes(&wrong, deployment).is_err());

@@ -30,7 +30,13 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
     let mut sim = Proc::start(
         "kube-sim",
         dir,
-        &["kube-sim", "--listen", "127.0.0.1:0", "--kubeconfig-out", &p(sim_kubeconfig.clone())],
+        &[
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig-out",
+            &p(sim_kubeconfig.clone()),
+        ],
     );
     sim.listening("kube-sim");
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
@@ -62,7 +68,10 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
             Proc::start(id, dir, &["gateway", "--config", &cfg])
         })
         .collect();
-    let addrs: Vec<_> = gateways.iter_mut().map(|g| g.listening("gateway")).collect();
+    let addrs: Vec<_> = gateways
+        .iter_mut()
+        .map(|g| g.listening("gateway"))
+        .collect();
     let balancer = Balancer::start(&addrs, None);
 
     let agent_cfg = yaml(
@@ -84,7 +93,10 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
     let ready = || {
         let (status, body) = http(facade, "GET", "/v1/accounts/prod", &[]);
         let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        (status == 200 && v["online"] == true && v["relay"] == true && v["kindsSynced"] == v["kindsTotal"]
+        (status == 200
+            && v["online"] == true
+            && v["relay"] == true
+            && v["kindsSynced"] == v["kindsTotal"]
             && v["kindsTotal"].as_u64().unwrap_or(0) > 0)
             .then_some(())
     };
@@ -92,7 +104,10 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
     let kubeconfig = dir.join("facade.kubeconfig");
     write_kubeconfig(&kubeconfig, &format!("http://{facade}/accounts/prod"));
     let via = Kubectl::new(dir, "facade", &kubeconfig);
-    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "before")));
+    via.ok_with_input(
+        &["apply", "-f", "-"],
+        Some(&support::deployment("demo", "before")),
+    );
 
     // Kill the gateway the agent is on.
     let on = wait_for("the agent's connection through the balancer", || {
@@ -115,9 +130,17 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
         out.status.success().then(|| killed.elapsed())
     });
     eprintln!("writes recovered {recovered:?} after the gateway was killed");
-    assert!(balancer.open_to(addrs[1 - on]) > 0, "the agent moved to the other gateway");
+    assert!(
+        balancer.open_to(addrs[1 - on]) > 0,
+        "the agent moved to the other gateway"
+    );
     let image = direct.ok(&[
-        "get", "deployment", "after", "-n", "demo", "-o",
+        "get",
+        "deployment",
+        "after",
+        "-n",
+        "demo",
+        "-o",
         "jsonpath={.spec.template.spec.containers[0].image}",
     ]);
     assert_eq!(image, "nginx:1.27");

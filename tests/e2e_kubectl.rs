@@ -199,7 +199,10 @@ fn answer(out: &Output, ns: &str, json: bool) -> Answer {
 
 /// The lines where two answers differ, for a readable failure.
 fn diff(got: &Answer, want: &Answer) -> String {
-    let mut out = format!("exit code: facade {:?}, cluster {:?}\n", got.code, want.code);
+    let mut out = format!(
+        "exit code: facade {:?}, cluster {:?}\n",
+        got.code, want.code
+    );
     for (what, g, w) in [
         ("stdout", &got.stdout, &want.stdout),
         ("stderr", &got.stderr, &want.stderr),
@@ -391,8 +394,12 @@ fn run_matrix(version: &str) {
     let chain = chain();
     let tag = version.replace('.', "");
     let facade = Side {
-        kubectl: Kubectl::new(&chain.root, &format!("facade-{tag}"), &chain.facade_kubeconfig)
-            .with_binary(&bin),
+        kubectl: Kubectl::new(
+            &chain.root,
+            &format!("facade-{tag}"),
+            &chain.facade_kubeconfig,
+        )
+        .with_binary(&bin),
         ns: format!("f-{tag}"),
     };
     let direct = Side {
@@ -407,7 +414,10 @@ fn run_matrix(version: &str) {
     for side in [&facade, &direct] {
         direct.kubectl.ok_with_input(
             &["apply", "-f", "-"],
-            Some(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n", side.ns)),
+            Some(&format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n",
+                side.ns
+            )),
         );
     }
     support::wait_for("the facade to see its namespace", || {

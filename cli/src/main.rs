@@ -40,15 +40,31 @@ enum Command {
         #[arg(long)]
         check_config: bool,
     },
-    /// Run the gateway: the mTLS edge agents dial.
+    /// Run the gateway: the mTLS edge agents dial (and, with an ingress, the
+    /// front door for Spinnaker's UI and API).
     Gateway {
         /// Gateway configuration file (YAML).
-        #[arg(long, short)]
-        config: PathBuf,
+        #[arg(
+            long,
+            short,
+            required_unless_present = "nginx_config",
+            conflicts_with = "nginx_config"
+        )]
+        config: Option<PathBuf>,
+        /// Run from an nginx configuration file instead (docs/ingress.md).
+        #[arg(long)]
+        nginx_config: Option<PathBuf>,
+        /// With `--nginx-config`: directives outside the subset are warnings
+        /// and skipped rather than errors.
+        #[arg(long, requires = "nginx_config")]
+        lenient: bool,
         /// Load and validate the configuration, then exit.
         #[arg(long)]
         check_config: bool,
     },
+    /// nginx configuration tools.
+    #[command(subcommand)]
+    Nginx(NginxCommand),
     /// Run the sidecar: cache clusters and serve them to Clouddriver and kubectl.
     Sidecar {
         /// Sidecar configuration file (YAML).
@@ -63,6 +79,18 @@ enum Command {
     /// Run kube-sim, sidecar, gateway and agent together with mTLS on, and
     /// write a kubeconfig that reaches the cluster through the whole chain.
     Dev(dev::DevArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum NginxCommand {
+    /// Print the gateway configuration (YAML) that serves an nginx config.
+    Convert {
+        /// The nginx configuration file.
+        file: PathBuf,
+        /// Directives outside the subset are warnings and skipped.
+        #[arg(long)]
+        lenient: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,12 +150,28 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Gateway {
             config,
+            nginx_config,
+            lenient,
             check_config,
         } => {
-            let cfg = spinlink_gateway::Config::from_file(&config)?;
+            let (cfg, origin) = match (config, nginx_config) {
+                (Some(config), _) => (
+                    spinlink_gateway::Config::from_file(&config)?,
+                    config.display().to_string(),
+                ),
+                (None, Some(file)) => {
+                    let yaml = nginx_to_gateway_yaml(&file, lenient)?;
+                    let origin = file.display().to_string();
+                    (
+                        spinlink_gateway::Config::from_yaml_str(&yaml, &origin)?,
+                        origin,
+                    )
+                }
+                (None, None) => anyhow::bail!("--config or --nginx-config is required"),
+            };
             cfg.validate()?;
             if check_config {
-                println!("ok: {}", config.display());
+                println!("ok: {origin}");
                 return Ok(());
             }
             let gateway = spinlink_gateway::Gateway::bind(cfg).await?;
@@ -170,7 +214,28 @@ async fn run(command: Command) -> anyhow::Result<()> {
             drain(server.run(shutdown.clone()), &shutdown).await
         }
         Command::Dev(args) => dev::run(args, shutdown).await,
+        Command::Nginx(NginxCommand::Convert { file, lenient }) => {
+            print!("{}", nginx_to_gateway_yaml(&file, lenient)?);
+            Ok(())
+        }
     }
+}
+
+/// Reads an nginx configuration and returns the gateway configuration that
+/// serves it; warnings go to stderr.
+fn nginx_to_gateway_yaml(file: &std::path::Path, lenient: bool) -> anyhow::Result<String> {
+    let options = spinlink_nginx_compat::Options::new().lenient(lenient);
+    let parsed = spinlink_nginx_compat::load(file, &options)?;
+    for w in &parsed.warnings {
+        eprintln!("warning: {w}");
+    }
+    // nginx's conf prefix: the main file's directory.
+    let dir = std::path::absolute(file)?
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    spinlink_gateway::ingress::from_nginx::config_yaml(&parsed.ingress, &dir)
+        .map_err(|e| anyhow::anyhow!("{}: ingress.{e}", file.display()))
 }
 
 /// Prints the line tests and scripts read to find a listener.

@@ -107,7 +107,10 @@ impl Shared {
         // Idle means no bytes either way, so both directions share one clock.
         let born = std::time::Instant::now();
         let last = Arc::new(AtomicUsize::new(0));
-        let pipe = move |mut from: TcpStream, mut to: TcpStream, idle: Option<Duration>, last: Arc<AtomicUsize>| {
+        let pipe = move |mut from: TcpStream,
+                         mut to: TcpStream,
+                         idle: Option<Duration>,
+                         last: Arc<AtomicUsize>| {
             let _ = from.set_read_timeout(idle.map(|d| d / 4));
             let mut buf = [0u8; 16 * 1024];
             loop {
@@ -120,9 +123,13 @@ impl Shared {
                         }
                     }
                     Err(e)
-                        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
                     {
-                        let quiet = born.elapsed().as_millis() as usize - last.load(Ordering::Relaxed);
+                        let quiet =
+                            born.elapsed().as_millis() as usize - last.load(Ordering::Relaxed);
                         if idle.is_some_and(|d| quiet >= d.as_millis() as usize) {
                             break;
                         }

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Ingress request rate: the gateway (`spinlink gateway --nginx-config`) against
+# nginx, both running the same nginx configuration (one TLS server with
+# http2, `location / { proxy_pass http://app; }`), in front of the same
+# upstream (a second nginx answering `200 ok` from memory), in the same run,
+# loopback only. h2load drives HTTP/1.1 (--h1) and HTTP/2; the sides alternate
+# and each figure is the median of RUNS runs. Prints a Markdown block for
+# bench/RESULTS.md.
+#
+#   cargo build --release -p spinlink
+#   bench/ingress.sh   # RUNS=5 REQUESTS=20000 CLIENTS=10 STREAMS=10 NGINX_WORKERS=nproc
+#
+# Bounded: every h2load run has a fixed request count and a 60 s timeout.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SPINLINK=${SPINLINK:-$ROOT/target/release/spinlink}
+NGINX=${NGINX:-/usr/sbin/nginx}
+RUNS=${RUNS:-5}
+REQUESTS=${REQUESTS:-20000}
+CLIENTS=${CLIENTS:-10}
+STREAMS=${STREAMS:-10}
+# nginx workers: the gateway's runtime uses every core, so nginx gets as many.
+NGINX_WORKERS=${NGINX_WORKERS:-$(nproc)}
+
+for tool in "$SPINLINK" "$NGINX" h2load openssl; do
+    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
+done
+
+DIR=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "port $1 never opened" >&2; exit 1
+}
+
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench.test \
+    -addext subjectAltName=DNS:bench.test \
+    -keyout "$DIR/server.key" -out "$DIR/server.crt" 2>/dev/null
+
+APP=$(free_port); NGX=$(free_port); GW=$(free_port)
+
+cat >"$DIR/app.conf" <<EOF
+worker_processes 1; daemon off; master_process off;
+pid $DIR/app.pid; error_log $DIR/app-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    server { listen 127.0.0.1:$APP; location / { return 200 "ok\n"; } }
+}
+EOF
+
+front() {
+    cat <<EOF
+worker_processes $NGINX_WORKERS; daemon off;
+pid $DIR/front-$1.pid; error_log $DIR/front-$1-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    # nginx's default (1000 requests, then GOAWAY) would fail h2load's
+    # remaining requests on each connection; the gateway has no such cap.
+    keepalive_requests 1000000;
+    proxy_http_version 1.1;
+    # Upstream keepalive in nginx needs the client's Connection header gone.
+    proxy_set_header Connection "";
+    proxy_set_header Host \$host;
+    proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    proxy_set_header X-Forwarded-Proto \$scheme;
+    upstream app { server 127.0.0.1:$APP; keepalive 32; }
+    server {
+        listen 127.0.0.1:$1 ssl http2 default_server;
+        server_name bench.test;
+        ssl_certificate $DIR/server.crt;
+        ssl_certificate_key $DIR/server.key;
+        location / { proxy_pass http://app; }
+    }
+}
+EOF
+}
+front "$NGX" >"$DIR/nginx.conf"
+front "$GW" >"$DIR/gateway.conf"
+
+"$NGINX" -p "$DIR" -c "$DIR/app.conf" & PIDS+=($!)
+"$NGINX" -p "$DIR" -c "$DIR/nginx.conf" & PIDS+=($!)
+SPINLINK_LOG=warn "$SPINLINK" gateway --nginx-config "$DIR/gateway.conf" >/dev/null & PIDS+=($!)
+wait_port "$APP"; wait_port "$NGX"; wait_port "$GW"
+
+# One h2load run; prints requests per second.
+rate() { # port h1|h2
+    local flags=(-n "$REQUESTS" -c "$CLIENTS" -T 60 -N 60)
+    if [ "$2" = h1 ]; then flags+=(--h1); else flags+=(-m "$STREAMS"); fi
+    local out
+    out=$(h2load "${flags[@]}" "https://127.0.0.1:$1/index.html" 2>&1)
+    if ! grep -q "$REQUESTS succeeded" <<<"$out"; then
+        echo "h2load against port $1 ($2) did not succeed fully:" >&2
+        grep -E "requests:|status codes:" <<<"$out" >&2
+    fi
+    awk '/^finished in/ { gsub(",", "", $4); print $4 }' <<<"$out"
+}
+median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+# Warm-up, then alternate sides.
+rate "$NGX" h2 >/dev/null; rate "$GW" h2 >/dev/null
+declare -A R
+for proto in h1 h2; do
+    for side in nginx gateway; do R[$side-$proto]=""; done
+    for _ in $(seq "$RUNS"); do
+        R[nginx-$proto]+="$(rate "$NGX" "$proto") "
+        R[gateway-$proto]+="$(rate "$GW" "$proto") "
+    done
+done
+
+echo "## Ingress request rate: gateway vs nginx (issue 7)"
+echo
+echo '```'
+echo "bench/ingress.sh   # RUNS=$RUNS REQUESTS=$REQUESTS CLIENTS=$CLIENTS STREAMS=$STREAMS"
+echo '```'
+echo
+echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "- machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/Mem:/ {print $2}') GiB memory"
+echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "- nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS workers; gateway: release build, tokio multi-thread runtime; same nginx config (TLS, http2, proxy_pass to a keepalive upstream)"
+echo "- h2load $(h2load --version | head -1 | awk '{print $2}'): $REQUESTS requests per run, $CLIENTS connections; HTTP/2 with $STREAMS concurrent streams per connection"
+echo
+echo "| protocol | nginx req/s (median) | gateway req/s (median) | gateway / nginx |"
+echo "|---|---|---|---|"
+for proto in h1 h2; do
+    n=$(tr ' ' '\n' <<<"${R[nginx-$proto]}" | grep . | median)
+    g=$(tr ' ' '\n' <<<"${R[gateway-$proto]}" | grep . | median)
+    ratio=$(awk -v g="$g" -v n="$n" 'BEGIN { printf "%.2f", g / n }')
+    label=$([ "$proto" = h1 ] && echo "HTTP/1.1" || echo "HTTP/2")
+    echo "| $label | $n | $g | $ratio |"
+done
+echo
+for proto in h1 h2; do
+    echo "- runs $proto: nginx ${R[nginx-$proto]}; gateway ${R[gateway-$proto]}"
+done

@@ -1,0 +1,872 @@
+//! The differential test of the gateway's ingress against real nginx: one
+//! nginx configuration (Deck-like UI, Gate-like API with optional client
+//! certificates, a gRPC agent route with required ones, all on one port told
+//! apart by name) served by `nginx` (apt) and by `spinlink gateway
+//! --nginx-config`, in front of the same loopback upstreams started here (an
+//! HTTP/1.1 echo server that also takes WebSocket-style upgrades, and an h2c
+//! gRPC echo server). The same requests go to both — HTTP/1.1 and HTTP/2, gRPC
+//! unary and bidi, accepted, missing and refused client certificates, unknown
+//! host and path, oversized bodies — and the outcomes (status, selected
+//! headers, bodies) must be equal. Differences that remain by design are in
+//! docs/ingress.md; error pages are compared by status (their footers name
+//! the server). Skipped with a note when nginx is not installed.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use spinlink_tls::dev::{DevCa, Leaf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use support::Proc;
+
+const NGINX: &str = "/usr/sbin/nginx";
+/// The client address every connection's PROXY header names.
+const CLIENT_IP: &str = "203.0.113.7";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The configuration both servers run; only the port differs.
+fn nginx_conf(dir: &Path, port: u16, echo: SocketAddr, grpc: SocketAddr) -> String {
+    let d = dir.display();
+    format!(
+        r#"
+worker_processes 1;
+daemon off;
+master_process off;
+pid {d}/nginx-{port}.pid;
+error_log {d}/nginx-error-{port}.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    proxy_http_version 1.1;
+    proxy_set_header Host $host;
+    proxy_set_header X-Real-IP $remote_addr;
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    proxy_set_header X-Forwarded-Proto $scheme;
+    client_max_body_size 8m;
+    set_real_ip_from 127.0.0.1;
+    real_ip_header proxy_protocol;
+
+    upstream deck {{ server {echo}; }}
+    upstream gate {{ server 127.0.0.1:1 down; server {echo}; }}
+    upstream agents {{ server {grpc}; }}
+
+    server {{
+        listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
+        server_name deck.test;
+        ssl_certificate {d}/server.crt;
+        ssl_certificate_key {d}/server.key;
+        location / {{ proxy_pass http://deck; }}
+        location /small/ {{
+            proxy_pass http://deck;
+            client_max_body_size 1k;
+        }}
+        location /slow {{
+            proxy_pass http://deck;
+            proxy_read_timeout 1s;
+        }}
+        location /ws {{
+            proxy_pass http://deck;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{port} ssl http2 proxy_protocol;
+        server_name api.test;
+        ssl_certificate {d}/server.crt;
+        ssl_certificate_key {d}/server.key;
+        ssl_client_certificate {d}/clients-ca.crt;
+        ssl_verify_client optional;
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_set_header X-Forwarded-Proto $scheme;
+        proxy_set_header X-SSL-Client-Cert $ssl_client_escaped_cert;
+        location /api/ {{
+            proxy_pass http://gate/;
+            proxy_read_timeout 5s;
+        }}
+        location = /health {{ proxy_pass http://gate/healthz; }}
+    }}
+    server {{
+        listen 127.0.0.1:{port} ssl http2 proxy_protocol;
+        server_name agents.test;
+        ssl_certificate {d}/server.crt;
+        ssl_certificate_key {d}/server.key;
+        ssl_client_certificate {d}/clients-ca.crt;
+        ssl_verify_client on;
+        location /test.Echo/ {{
+            grpc_pass grpc://agents;
+            grpc_read_timeout 30s;
+            client_max_body_size 0;
+        }}
+    }}
+}}
+"#
+    )
+}
+
+// ---------------------------------------------------------------- upstreams
+
+/// HTTP/1.1 echo: the body names what the upstream saw.
+async fn echo_server() -> SocketAddr {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = tcp.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(echo);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn echo(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let h = |n: &str| {
+        req.headers()
+            .get_all(n)
+            .iter()
+            .map(|v| v.to_str().unwrap_or("?").to_owned())
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    if req.headers().contains_key("upgrade") {
+        let text = format!(
+            "host={} upgrade={} connection={} xri={}",
+            h("host"),
+            h("upgrade"),
+            h("connection"),
+            h("x-real-ip")
+        );
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = TokioIo::new(up);
+                let mut buf = [0u8; 64];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        return Ok(Response::builder()
+            .status(101)
+            .header("upgrade", "echo")
+            .header("connection", "upgrade")
+            .header("x-seen", text)
+            .body(Full::new(Bytes::new()))
+            .unwrap());
+    }
+    if req.uri().path().starts_with("/slow") {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let seen = format!(
+        "method={}\nuri={}\nhost={}\nxff={}\nxfp={}\nxri={}\nssl-cert={}\nupgrade={}\n",
+        req.method(),
+        req.uri(),
+        h("host"),
+        h("x-forwarded-for"),
+        h("x-forwarded-proto"),
+        h("x-real-ip"),
+        h("x-ssl-client-cert"),
+        h("upgrade"),
+    );
+    let body = req.into_body().collect().await?.to_bytes();
+    let text = format!("{seen}body-bytes={}\n", body.len());
+    Ok(Response::builder()
+        .header("content-type", "text/plain")
+        .header("x-echo", "yes")
+        .body(Full::new(Bytes::from(text)))
+        .unwrap())
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// h2c gRPC echo: every request message comes back as it arrives, then
+/// `grpc-status: 0` (or the status the path asks for).
+async fn grpc_server() -> SocketAddr {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = tcp.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let fail = req.uri().path().ends_with("/Fail");
+                    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(8);
+                    let mut body = req.into_body();
+                    tokio::spawn(async move {
+                        while let Some(Ok(frame)) = body.frame().await {
+                            if let Ok(data) = frame.into_data()
+                                && tx.send(Ok(Frame::data(data))).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        let mut t = http::HeaderMap::new();
+                        t.insert("grpc-status", if fail { "7" } else { "0" }.parse().unwrap());
+                        if fail {
+                            t.insert("grpc-message", "denied".parse().unwrap());
+                        }
+                        let _ = tx.send(Ok(Frame::trailers(t))).await;
+                    });
+                    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(StreamBody::new(stream))
+                            .unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// ------------------------------------------------------------------ clients
+
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            m,
+            c,
+            d,
+            &spinlink_tls::config::provider().signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            m,
+            c,
+            d,
+            &spinlink_tls::config::provider().signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        spinlink_tls::config::provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[derive(Clone)]
+struct ClientCert {
+    certs: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
+}
+
+impl ClientCert {
+    fn from_files(cert: &Path, key: &Path) -> Self {
+        Self {
+            certs: CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .map(|c| c.unwrap())
+                .collect(),
+            key: Arc::new(PrivateKeyDer::from_pem_file(key).unwrap()),
+        }
+    }
+}
+
+async fn tls(
+    addr: SocketAddr,
+    sni: &str,
+    h2: bool,
+    cert: Option<&ClientCert>,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let b = rustls::ClientConfig::builder_with_provider(spinlink_tls::config::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer));
+    let mut config = match cert {
+        Some(c) => b
+            .with_client_auth_cert(c.certs.clone(), c.key.clone_key())
+            .unwrap(),
+        None => b.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![if h2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    // Both listen with `proxy_protocol`, as behind the load balancer.
+    tcp.write_all(format!("PROXY TCP4 {CLIENT_IP} 127.0.0.1 51000 {}\r\n", addr.port()).as_bytes())
+        .await
+        .unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(sni.to_owned()).unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+/// What is compared.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    status: u16,
+    /// Selected response headers and trailers.
+    headers: Vec<(String, String)>,
+    /// The body for successful answers; error pages are compared by status.
+    body: String,
+}
+
+const COMPARED_HEADERS: [&str; 5] = [
+    "content-type",
+    "x-echo",
+    "grpc-status",
+    "grpc-message",
+    "upgrade",
+];
+
+async fn outcome(resp: Response<Incoming>) -> Outcome {
+    let status = resp.status().as_u16();
+    let mut headers = Vec::new();
+    let pick = |map: &http::HeaderMap, out: &mut Vec<(String, String)>| {
+        for n in COMPARED_HEADERS {
+            if let Some(v) = map.get(n) {
+                out.push((n.to_owned(), v.to_str().unwrap_or("?").to_owned()));
+            }
+        }
+    };
+    pick(resp.headers(), &mut headers);
+    let collected = resp.into_body().collect().await;
+    let body = match collected {
+        Ok(c) => {
+            if let Some(t) = c.trailers() {
+                pick(t, &mut headers);
+            }
+            String::from_utf8_lossy(&c.to_bytes()).into_owned()
+        }
+        Err(e) => format!("<body error: {e}>"),
+    };
+    if status >= 400 {
+        // Error pages name the server; the content type is theirs too.
+        headers.retain(|(n, _)| n != "content-type");
+        return Outcome {
+            status,
+            headers,
+            body: String::new(),
+        };
+    }
+    Outcome {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// One plain request.
+#[derive(Clone)]
+struct Req {
+    sni: &'static str,
+    host: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: Vec<u8>,
+    /// Send the body without Content-Length (chunked / no length on h2).
+    stream_body: bool,
+    cert: Option<ClientCert>,
+}
+
+impl Req {
+    fn get(host: &'static str, path: &'static str) -> Self {
+        Self {
+            sni: host,
+            host,
+            method: "GET",
+            path,
+            body: Vec::new(),
+            stream_body: false,
+            cert: None,
+        }
+    }
+}
+
+async fn send(addr: SocketAddr, r: &Req, h2: bool) -> Outcome {
+    let io = TokioIo::new(tls(addr, r.sni, h2, r.cert.as_ref()).await);
+    let body: http_body_util::combinators::BoxBody<Bytes, BoxError> = if r.stream_body {
+        let chunks: Vec<Result<Frame<Bytes>, BoxError>> = r
+            .body
+            .chunks(512)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        StreamBody::new(futures::stream::iter(chunks)).boxed()
+    } else {
+        Full::new(Bytes::from(r.body.clone()))
+            .map_err(|e| match e {})
+            .boxed()
+    };
+    let mut b = Request::builder().method(r.method);
+    if h2 {
+        b = b.uri(format!("https://{}{}", r.host, r.path));
+    } else {
+        b = b.uri(r.path).header("host", r.host);
+    }
+    let req = b.body(body).unwrap();
+    let resp = if h2 {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await
+    };
+    match resp {
+        Ok(resp) => outcome(resp).await,
+        Err(e) => Outcome {
+            status: 0,
+            headers: Vec::new(),
+            body: format!(
+                "<request failed: {}>",
+                e.is_closed() || e.is_incomplete_message()
+            ),
+        },
+    }
+}
+
+fn grpc_frame(msg: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + msg.len());
+    b.extend_from_slice(&[0]);
+    b.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    b.extend_from_slice(msg);
+    b.freeze()
+}
+
+/// gRPC over HTTP/2: sends `messages` one at a time, each after the echo of
+/// the one before (bidi) — or all at once for one (unary) — and returns what
+/// came back, messages joined by `|`.
+async fn grpc(
+    addr: SocketAddr,
+    path: &str,
+    messages: &[&str],
+    cert: Option<&ClientCert>,
+) -> Outcome {
+    let io = TokioIo::new(tls(addr, "agents.test", true, cert).await);
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("https://agents.test{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+        .unwrap();
+    tx.send(Ok(Frame::data(grpc_frame(messages[0].as_bytes()))))
+        .await
+        .unwrap();
+    let resp = match send.send_request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome {
+                status: 0,
+                headers: Vec::new(),
+                body: format!("<request failed: {e}>"),
+            };
+        }
+    };
+    if resp.status() != 200 {
+        return outcome(resp).await;
+    }
+    let status = resp.status().as_u16();
+    let mut headers = Vec::new();
+    for n in COMPARED_HEADERS {
+        if let Some(v) = resp.headers().get(n) {
+            headers.push((n.to_owned(), v.to_str().unwrap().to_owned()));
+        }
+    }
+    let mut body = resp.into_body();
+    let mut buf = BytesMut::new();
+    let mut got = Vec::new();
+    let mut next = 1;
+    let mut tx = Some(tx);
+    if messages.len() == 1 {
+        tx = None;
+    }
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("gRPC answer within 10 s");
+        let Some(frame) = frame else { break };
+        let frame = frame.unwrap();
+        if let Some(t) = frame.trailers_ref() {
+            for n in COMPARED_HEADERS {
+                if let Some(v) = t.get(n) {
+                    headers.push((n.to_owned(), v.to_str().unwrap().to_owned()));
+                }
+            }
+            continue;
+        }
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+        }
+        while buf.len() >= 5 {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if buf.len() < 5 + len {
+                break;
+            }
+            buf.advance(5);
+            got.push(String::from_utf8_lossy(&buf.split_to(len)).into_owned());
+            // Bidi: the next message only after this echo arrived.
+            if let Some(t) = &tx {
+                if next < messages.len() {
+                    t.send(Ok(Frame::data(grpc_frame(messages[next].as_bytes()))))
+                        .await
+                        .unwrap();
+                    next += 1;
+                } else {
+                    tx = None;
+                }
+            }
+        }
+    }
+    Outcome {
+        status,
+        headers,
+        body: got.join("|"),
+    }
+}
+
+/// An HTTP/1.1 upgrade, then bytes both ways over the upgraded connection.
+async fn upgrade(addr: SocketAddr) -> Outcome {
+    let mut s = tls(addr, "deck.test", false, None).await;
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: deck.test\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let seen = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-seen: "))
+        .unwrap_or("")
+        .to_owned();
+    if status != 101 {
+        return Outcome {
+            status,
+            headers: Vec::new(),
+            body: seen,
+        };
+    }
+    s.write_all(b"ping-1").await.unwrap();
+    let mut echo = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
+        .await
+        .expect("echo over the upgraded connection")
+        .unwrap();
+    Outcome {
+        status,
+        headers: Vec::new(),
+        body: format!("{seen} / {}", String::from_utf8_lossy(&echo)),
+    }
+}
+
+// -------------------------------------------------------------------- test
+
+struct Nginx(std::process::Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_port(port: u16) {
+    support::wait_for("listener", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_and_the_gateway_answer_alike() {
+    if !Path::new(NGINX).exists() {
+        eprintln!("note: {NGINX} not installed; skipping the nginx differential test");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Certificates: the server's, a client CA with one client, and a client
+    // from a CA nobody trusts.
+    let ca = DevCa::generate("ingress test CA").unwrap();
+    std::fs::write(d.join("clients-ca.crt"), ca.cert_pem()).unwrap();
+    ca.issue(
+        &Leaf::server("deck.test")
+            .with_dns("deck.test")
+            .with_dns("api.test")
+            .with_dns("agents.test"),
+    )
+    .unwrap()
+    .write(d, "server")
+    .unwrap();
+    ca.issue(&Leaf::client("agent-1").with_uri("spiffe://spinlink.dev/agent/agent-1"))
+        .unwrap()
+        .write(d, "client")
+        .unwrap();
+    let stranger = DevCa::generate("stranger CA").unwrap();
+    stranger
+        .issue(&Leaf::client("intruder"))
+        .unwrap()
+        .write(d, "intruder")
+        .unwrap();
+    let good = ClientCert::from_files(&d.join("client.crt"), &d.join("client.key"));
+    let bad = ClientCert::from_files(&d.join("intruder.crt"), &d.join("intruder.key"));
+
+    let echo = echo_server().await;
+    let grpc_addr = grpc_server().await;
+    let (nginx_port, gw_port) = (free_port(), free_port());
+    let nginx_conf_path: PathBuf = d.join("nginx.conf");
+    std::fs::write(&nginx_conf_path, nginx_conf(d, nginx_port, echo, grpc_addr)).unwrap();
+    let gw_conf_path: PathBuf = d.join("gateway-nginx.conf");
+    std::fs::write(&gw_conf_path, nginx_conf(d, gw_port, echo, grpc_addr)).unwrap();
+
+    let _nginx = Nginx(
+        std::process::Command::new(NGINX)
+            .args(["-p", &d.display().to_string(), "-c"])
+            .arg(&nginx_conf_path)
+            .stderr(std::fs::File::create(d.join("nginx.stderr")).unwrap())
+            .spawn()
+            .expect("starting nginx"),
+    );
+    let mut gw = Proc::start(
+        "gateway",
+        d,
+        &[
+            "gateway",
+            "--nginx-config",
+            &gw_conf_path.display().to_string(),
+        ],
+    );
+    let gw_addr = gw.listening("gateway");
+    assert_eq!(gw_addr.port(), gw_port);
+    wait_port(nginx_port);
+    let nginx_addr: SocketAddr = ([127, 0, 0, 1], nginx_port).into();
+
+    let big = vec![b'x'; 2000];
+    let post = |host: &'static str, path: &'static str, body: &[u8], stream: bool| Req {
+        method: "POST",
+        body: body.to_vec(),
+        stream_body: stream,
+        ..Req::get(host, path)
+    };
+    let with_cert = |r: Req, c: &ClientCert| Req {
+        cert: Some(c.clone()),
+        ..r
+    };
+    let cases: Vec<(&str, Req, bool)> = vec![
+        ("ui", Req::get("deck.test", "/index.html?x=1"), false),
+        ("ui h2", Req::get("deck.test", "/index.html?x=1"), true),
+        (
+            "api prefix rewrite",
+            Req::get("api.test", "/api/v1/applications"),
+            false,
+        ),
+        (
+            "api prefix rewrite h2",
+            Req::get("api.test", "/api/v1/applications"),
+            true,
+        ),
+        ("api exact", Req::get("api.test", "/health"), false),
+        ("api exact h2", Req::get("api.test", "/health"), true),
+        ("api no location", Req::get("api.test", "/other"), false),
+        (
+            "api with client cert",
+            with_cert(Req::get("api.test", "/api/me"), &good),
+            false,
+        ),
+        (
+            "api with client cert h2",
+            with_cert(Req::get("api.test", "/api/me"), &good),
+            true,
+        ),
+        (
+            "api with refused cert",
+            with_cert(Req::get("api.test", "/api/me"), &bad),
+            false,
+        ),
+        (
+            "api with refused cert h2",
+            with_cert(Req::get("api.test", "/api/me"), &bad),
+            true,
+        ),
+        (
+            "unknown host",
+            Req {
+                sni: "deck.test",
+                ..Req::get("unknown.test", "/x")
+            },
+            false,
+        ),
+        ("unknown host and sni", Req::get("unknown.test", "/x"), true),
+        (
+            "agents host, unknown path",
+            with_cert(Req::get("agents.test", "/nothing"), &good),
+            false,
+        ),
+        (
+            "agents host without cert",
+            Req::get("agents.test", "/nothing"),
+            false,
+        ),
+        (
+            "host other than a client-checking sni",
+            Req {
+                sni: "agents.test",
+                ..with_cert(Req::get("api.test", "/api/x"), &good)
+            },
+            false,
+        ),
+        (
+            "body within limit",
+            post("deck.test", "/small/up", &big[..1000], false),
+            false,
+        ),
+        (
+            "oversized body",
+            post("deck.test", "/small/up", &big, false),
+            false,
+        ),
+        (
+            "oversized body h2",
+            post("deck.test", "/small/up", &big, true),
+            true,
+        ),
+        (
+            "big body, other location",
+            post("deck.test", "/big", &big, true),
+            true,
+        ),
+        ("read timeout", Req::get("deck.test", "/slow"), false),
+    ];
+    let mut differences = Vec::new();
+    for (name, req, h2) in &cases {
+        let n = send(nginx_addr, req, *h2).await;
+        let g = send(gw_addr, req, *h2).await;
+        if n != g {
+            differences.push(format!("{name}:\n  nginx:   {n:?}\n  gateway: {g:?}"));
+        } else {
+            eprintln!("same: {name}: {} {:?}", n.status, n.body.lines().nth(3));
+        }
+    }
+    let grpc_cases: Vec<(&str, &str, Vec<&str>, Option<&ClientCert>)> = vec![
+        ("grpc unary", "/test.Echo/Unary", vec!["hello"], Some(&good)),
+        (
+            "grpc bidi",
+            "/test.Echo/Bidi",
+            vec!["one", "two", "three"],
+            Some(&good),
+        ),
+        (
+            "grpc error status",
+            "/test.Echo/Fail",
+            vec!["x"],
+            Some(&good),
+        ),
+        ("grpc without cert", "/test.Echo/Unary", vec!["hello"], None),
+        (
+            "grpc refused cert",
+            "/test.Echo/Unary",
+            vec!["hello"],
+            Some(&bad),
+        ),
+    ];
+    for (name, path, msgs, cert) in &grpc_cases {
+        let n = grpc(nginx_addr, path, msgs, *cert).await;
+        let g = grpc(gw_addr, path, msgs, *cert).await;
+        if n != g {
+            differences.push(format!("{name}:\n  nginx:   {n:?}\n  gateway: {g:?}"));
+        } else {
+            eprintln!("same: {name}: {} {:?}", n.status, n.body);
+        }
+    }
+    let (n, g) = (upgrade(nginx_addr).await, upgrade(gw_addr).await);
+    if n != g {
+        differences.push(format!("upgrade:\n  nginx:   {n:?}\n  gateway: {g:?}"));
+    } else {
+        eprintln!("same: upgrade: {} {:?}", n.status, n.body);
+    }
+    assert!(
+        differences.is_empty(),
+        "{} difference(s):\n{}\n{}",
+        differences.len(),
+        differences.join("\n"),
+        gw.log_tail()
+    );
+}
