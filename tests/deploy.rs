@@ -600,6 +600,53 @@ fn schema_check_refuses_unknown_fields_and_wrong_types() {
 ///   kubectl nor Clouddriver sends it, and the chart does not grant it.
 const AGENT_VERBS: &[&str] = &["get", "list", "watch"];
 const AGENT_DEPLOY_VERBS: &[&str] = &["create", "update", "patch", "delete"];
+/// What leader election does with its Leases (agent/src/leader.rs: `get_opt`,
+/// `create`, `replace`).
+const AGENT_LEASE_VERBS: &[&str] = &["get", "create", "update"];
+
+/// The leader-election Role: present exactly when leader election is on, in
+/// the release namespace, on Leases only, bound to the agent alone.
+fn check_lease_rbac(objects: &[Value], values: &Value, sa: &str) -> Result<(), String> {
+    let enabled = values["leaderElection"]["enabled"].as_bool().unwrap_or(false)
+        && values["mode"] != "infrastructure";
+    let leader: Vec<&Value> = objects
+        .iter()
+        .filter(|o| kind(o) == "Role" && name(o).ends_with("-leader"))
+        .collect();
+    match (enabled, leader.as_slice()) {
+        (false, []) => return Ok(()),
+        (false, _) => return Err("a Lease Role without leader election".into()),
+        (true, [role]) => {
+            let rules = role["rules"].as_array().cloned().unwrap_or_default();
+            let ok = rules.len() == 1
+                && strings(&rules[0]["apiGroups"]) == set(&["coordination.k8s.io"])
+                && strings(&rules[0]["resources"]) == set(&["leases"])
+                && strings(&rules[0]["verbs"]) == set(AGENT_LEASE_VERBS);
+            if !ok {
+                return Err(format!("the Lease Role grants {rules:?}"));
+            }
+            let bound = objects.iter().any(|b| {
+                kind(b) == "RoleBinding"
+                    && b["roleRef"]["name"] == role["metadata"]["name"]
+                    && b["subjects"].as_array().is_some_and(|s| s.len() == 1 && s[0]["name"] == sa)
+            });
+            if !bound {
+                return Err("the Lease Role is not bound to the agent".into());
+            }
+            let config: Value = serde_norway::from_str(
+                one(objects, "ConfigMap", "-config")["data"]["agent.yaml"].as_str().unwrap_or(""),
+            )
+            .unwrap_or(Value::Null);
+            if config["leaderElection"]["enabled"] != true
+                || config["leaderElection"]["namespace"] != role["metadata"]["namespace"]
+            {
+                return Err("the agent config does not elect in the Role's namespace".into());
+            }
+            Ok(())
+        }
+        (true, _) => Err(format!("want one Lease Role, got {}", leader.len())),
+    }
+}
 /// The discovery documents the agent reads and relays (agent/src/cluster.rs).
 const AGENT_NON_RESOURCE_URLS: &[&str] = &[
     "/version",
@@ -635,7 +682,7 @@ fn check_agent_rbac(objects: &[Value], values: &Value) -> Result<(), String> {
     }
     let roles: Vec<&Value> = objects
         .iter()
-        .filter(|o| matches!(kind(o), "ClusterRole" | "Role"))
+        .filter(|o| matches!(kind(o), "ClusterRole" | "Role") && !name(o).ends_with("-leader"))
         .collect();
     if infrastructure {
         return match roles.is_empty() {
@@ -662,6 +709,7 @@ fn check_agent_rbac(objects: &[Value], values: &Value) -> Result<(), String> {
         ));
     }
     let sa = name(one(objects, "ServiceAccount", ""));
+    check_lease_rbac(objects, values, sa)?;
     for role in &roles {
         for rule in role["rules"].as_array().into_iter().flatten() {
             let verbs = strings(&rule["verbs"]);
@@ -778,6 +826,25 @@ fn rbac_check_refuses_more_or_fewer_verbs() {
     let mut wide_discovery = objects;
     wide_discovery[role_at]["rules"][1]["nonResourceURLs"] = json!(["*"]);
     assert!(check_agent_rbac(&wide_discovery, &v).is_err());
+
+    // Leader election: the Lease Role is required with it and exact.
+    let values = chart_dir("spinlink-agent").join("ci/agent-deploy-ha.yaml");
+    let v = yaml_file(&values);
+    let objects = render("spinlink-agent", &values);
+    check_agent_rbac(&objects, &v).unwrap();
+    let lease_at = objects
+        .iter()
+        .position(|o| kind(o) == "Role" && name(o).ends_with("-leader"))
+        .expect("a Lease Role with leader election");
+    let mut wider = objects.clone();
+    wider[lease_at]["rules"][0]["verbs"] = json!(["get", "create", "update", "delete"]);
+    assert!(check_agent_rbac(&wider, &v).is_err());
+    let mut missing = objects.clone();
+    missing.remove(lease_at);
+    assert!(check_agent_rbac(&missing, &v).is_err());
+    let mut off = v.clone();
+    off["leaderElection"]["enabled"] = json!(false);
+    assert!(check_agent_rbac(&objects, &off).is_err());
 }
 
 // ---------------------------------------------------------------------------
@@ -1691,4 +1758,25 @@ fn kustomize_and_helm_patch_clouddriver_alike() {
         one(&objects, "Service", "-sidecar")["spec"]["selector"],
         one(&kustomized, "Service", "-sidecar")["spec"]["selector"]
     );
+}
+
+#[test]
+fn several_agent_replicas_need_leader_election() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(chart_dir("spinlink-agent").join("ci/agent-deploy-ha.yaml")).unwrap();
+    let values = tmp.path().join("no-election.yaml");
+    std::fs::write(&values, base.replace("  enabled: true\n  leaseDurationSeconds: 20\n", "  enabled: false\n")).unwrap();
+    let chart = chart_dir("spinlink-agent");
+    let err = helm(&[
+        "template",
+        chart.to_str().unwrap(),
+        "-f",
+        values.to_str().unwrap(),
+        "--name",
+        "rel",
+        "--namespace",
+        NAMESPACE,
+    ])
+    .expect_err("two replicas rendered without leader election");
+    assert!(err.contains("leaderElection"), "{err}");
 }

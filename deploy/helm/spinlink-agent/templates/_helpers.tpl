@@ -109,6 +109,12 @@ no template change.
 {{- if .Values.admin.enabled -}}
 {{- $_ := set $config "admin" (dict "listen" (printf "0.0.0.0:%d" (int .Values.admin.port))) -}}
 {{- end -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
+{{- fail "replicaCount > 1 needs leaderElection.enabled: true (otherwise every replica caches every account)" -}}
+{{- end -}}
+{{- if .Values.leaderElection.enabled -}}
+{{- $_ := set $config "leaderElection" (dict "enabled" true "leaseDurationSeconds" (int .Values.leaderElection.leaseDurationSeconds) "namespace" .Release.Namespace) -}}
+{{- end -}}
 {{- $config = mustMergeOverwrite $config (deepCopy .Values.config) -}}
 {{- toYaml $config -}}
 {{- end -}}
