@@ -1,8 +1,11 @@
-//! Failover behind a load balancer: two gateways behind a TCP balancer (the
-//! test kit's stand-in for an NLB), one sidecar, one agent. The gateway the
-//! agent is connected to is killed; reads keep being served from the cache
-//! throughout, and writes work again once the agent has reconnected through
-//! the balancer to the surviving gateway.
+//! Failover of each scaled-out component, with the real binary and kubectl.
+//!
+//! - A gateway: two behind a TCP balancer (the test kit's stand-in for an
+//!   NLB), one sidecar, one agent. The gateway the agent is on is killed;
+//!   reads keep being served from the cache throughout, and writes work again
+//!   once the agent has reconnected through the balancer to the survivor.
+//! - A sidecar: two sharing one store behind one gateway; the owner of the
+//!   account is killed and the survivor takes the account over.
 
 mod support;
 
@@ -156,4 +159,130 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
             .then_some(())
     });
     let _ = Duration::ZERO;
+}
+
+/// Two sidecars sharing one store behind one gateway. The sidecar that owns
+/// the account is killed (its lease is not released); the gateway takes it
+/// out of rotation, the agent's streams move to the survivor, which claims
+/// the account once the dead owner's lease expires, lists it again, and
+/// serves kubectl — reads and writes — through its own facade.
+#[test]
+fn a_dead_sidecar_is_replaced_by_a_survivor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
+    let p = |path: std::path::PathBuf| path.display().to_string();
+
+    let sim_kubeconfig = dir.join("sim.kubeconfig");
+    let mut sim = Proc::start(
+        "kube-sim",
+        dir,
+        &[
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig-out",
+            &p(sim_kubeconfig.clone()),
+        ],
+    );
+    sim.listening("kube-sim");
+    let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
+
+    // One store for both (a SQLite file; the store tests cover PostgreSQL).
+    let store = dir.join("shared.db");
+    let mut sidecars: Vec<(Proc, std::net::SocketAddr, std::net::SocketAddr)> = ["s1", "s2"]
+        .iter()
+        .map(|id| {
+            let cfg = yaml(
+                dir,
+                &format!("{id}.yaml"),
+                format!(
+                    "instanceId: {id}\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
+                     facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n\
+                     ownership:\n  leaseSeconds: 2\n",
+                    store.display()
+                ),
+            );
+            let mut proc = Proc::start(id, dir, &["sidecar", "--config", &cfg]);
+            let tunnel = proc.listening("sidecar-tunnel");
+            let facade = proc.listening("sidecar-facade");
+            (proc, tunnel, facade)
+        })
+        .collect();
+
+    let gateway_cfg = yaml(
+        dir,
+        "gateway.yaml",
+        format!(
+            "gatewayId: gw\nlisten: 127.0.0.1:0\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
+             policy:\n- identities: [\"{}\"]\n  accounts: [prod]\n\
+             upstreams:\n- url: http://{}\n- url: http://{}\n\
+             upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n",
+            p(pki.cert("gateway")),
+            p(pki.key("gateway")),
+            p(pki.ca_cert()),
+            dev_agent_identity("agent-1"),
+            sidecars[0].1,
+            sidecars[1].1,
+        ),
+    );
+    let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
+    let gateway_addr = gateway.listening("gateway");
+    let agent_cfg = yaml(
+        dir,
+        "agent.yaml",
+        format!(
+            "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
+             reconnect:\n  initialBackoffMillis: 100\n  maxBackoffMillis: 1000\n\
+             kubernetes:\n  accounts:\n  - name: prod\n    kubeconfigFile: {}\n",
+            gateway_addr.port(),
+            p(pki.ca_cert()),
+            p(pki.cert("agent-agent-1")),
+            p(pki.key("agent-agent-1")),
+            sim_kubeconfig.display()
+        ),
+    );
+    let _agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+
+    let online_at = |facade: std::net::SocketAddr| {
+        let (status, body) = http(facade, "GET", "/v1/accounts/prod", &[]);
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200
+            && v["online"] == true
+            && v["relay"] == true
+            && v["kindsTotal"].as_u64().unwrap_or(0) > 0
+            && v["kindsSynced"] == v["kindsTotal"])
+            .then_some(())
+    };
+    let owner = wait_for("account prod online on a sidecar", || {
+        (0..2).find(|&i| online_at(sidecars[i].2).is_some())
+    });
+    let survivor = 1 - owner;
+    // Through the survivor's facade the request is forwarded to the owner.
+    let kubeconfig = dir.join("survivor.kubeconfig");
+    write_kubeconfig(&kubeconfig, &format!("http://{}/accounts/prod", sidecars[survivor].2));
+    let via = Kubectl::new(dir, "survivor", &kubeconfig);
+    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "before")));
+
+    sidecars[owner].0.kill();
+    let killed = Instant::now();
+    wait_for("the survivor to own and serve prod", || online_at(sidecars[survivor].2));
+    let moved = killed.elapsed();
+    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "after")));
+    let names = via.ok(&["get", "deployments", "-n", "demo", "-o", "name"]);
+    assert!(
+        names.contains("deployment.apps/before") && names.contains("deployment.apps/after"),
+        "{names}"
+    );
+    let image = direct.ok(&[
+        "get",
+        "deployment",
+        "after",
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(image, "nginx:1.27");
+    eprintln!("the survivor served prod {moved:?} after its owner was killed");
 }
