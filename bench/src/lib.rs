@@ -6,7 +6,7 @@
 //! Start at `main.rs` for the subcommands, then [`chain`] (kube-sim and
 //! `spinlink dev` as separate processes on loopback), [`load`] (the bounded
 //! HTTP load loop) and the benchmarks: [`facade_list`], [`selector_latency`],
-//! [`cache_memory`].
+//! [`cache_memory`], and [`spread`] (the gateway's account spread over sidecars).
 
 pub mod alloc;
 pub mod cache_memory;
@@ -16,4 +16,5 @@ pub mod load;
 pub mod machine;
 pub mod report;
 pub mod selector_latency;
+pub mod spread;
 pub mod stats;

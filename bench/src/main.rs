@@ -51,6 +51,19 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         concurrency: usize,
     },
+    /// The gateway's spread of accounts over 3 → 4 → 3 sidecars, and how
+    /// many move (a computation: nothing is started).
+    Spread {
+        /// Accounts.
+        #[arg(long, default_value_t = 1000)]
+        accounts: usize,
+        /// Load factor (`upstreamPool.loadFactor`).
+        #[arg(long, default_value_t = 1.25)]
+        load_factor: f64,
+        /// Seed of the arrival order.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Cache memory per object against its JSON size.
     CacheMemory {
         /// Pods to cache.
@@ -108,6 +121,22 @@ fn main() -> anyhow::Result<()> {
                     dir: dir.clone(),
                 };
                 selector_latency::run(&opts, &mut r)?;
+                r
+            }
+            Bench::Spread {
+                accounts,
+                load_factor,
+                seed,
+            } => {
+                let mut r = Report::new("Accounts over sidecars, 3 → 4 → 3", &command);
+                spinlink_bench::spread::run(
+                    &spinlink_bench::spread::Options {
+                        accounts,
+                        load_factor,
+                        seed,
+                    },
+                    &mut r,
+                );
                 r
             }
             Bench::CacheMemory {
