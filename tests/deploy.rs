@@ -607,7 +607,9 @@ const AGENT_LEASE_VERBS: &[&str] = &["get", "create", "update"];
 /// The leader-election Role: present exactly when leader election is on, in
 /// the release namespace, on Leases only, bound to the agent alone.
 fn check_lease_rbac(objects: &[Value], values: &Value, sa: &str) -> Result<(), String> {
-    let enabled = values["leaderElection"]["enabled"].as_bool().unwrap_or(false)
+    let enabled = values["leaderElection"]["enabled"]
+        .as_bool()
+        .unwrap_or(false)
         && values["mode"] != "infrastructure";
     let leader: Vec<&Value> = objects
         .iter()
@@ -628,13 +630,17 @@ fn check_lease_rbac(objects: &[Value], values: &Value, sa: &str) -> Result<(), S
             let bound = objects.iter().any(|b| {
                 kind(b) == "RoleBinding"
                     && b["roleRef"]["name"] == role["metadata"]["name"]
-                    && b["subjects"].as_array().is_some_and(|s| s.len() == 1 && s[0]["name"] == sa)
+                    && b["subjects"]
+                        .as_array()
+                        .is_some_and(|s| s.len() == 1 && s[0]["name"] == sa)
             });
             if !bound {
                 return Err("the Lease Role is not bound to the agent".into());
             }
             let config: Value = serde_norway::from_str(
-                one(objects, "ConfigMap", "-config")["data"]["agent.yaml"].as_str().unwrap_or(""),
+                one(objects, "ConfigMap", "-config")["data"]["agent.yaml"]
+                    .as_str()
+                    .unwrap_or(""),
             )
             .unwrap_or(Value::Null);
             if config["leaderElection"]["enabled"] != true
@@ -1763,9 +1769,17 @@ fn kustomize_and_helm_patch_clouddriver_alike() {
 #[test]
 fn several_agent_replicas_need_leader_election() {
     let tmp = tempfile::tempdir().unwrap();
-    let base = std::fs::read_to_string(chart_dir("spinlink-agent").join("ci/agent-deploy-ha.yaml")).unwrap();
+    let base = std::fs::read_to_string(chart_dir("spinlink-agent").join("ci/agent-deploy-ha.yaml"))
+        .unwrap();
     let values = tmp.path().join("no-election.yaml");
-    std::fs::write(&values, base.replace("  enabled: true\n  leaseDurationSeconds: 20\n", "  enabled: false\n")).unwrap();
+    std::fs::write(
+        &values,
+        base.replace(
+            "  enabled: true\n  leaseDurationSeconds: 20\n",
+            "  enabled: false\n",
+        ),
+    )
+    .unwrap();
     let chart = chart_dir("spinlink-agent");
     let err = helm(&[
         "template",

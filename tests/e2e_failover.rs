@@ -260,15 +260,26 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
     let survivor = 1 - owner;
     // Through the survivor's facade the request is forwarded to the owner.
     let kubeconfig = dir.join("survivor.kubeconfig");
-    write_kubeconfig(&kubeconfig, &format!("http://{}/accounts/prod", sidecars[survivor].2));
+    write_kubeconfig(
+        &kubeconfig,
+        &format!("http://{}/accounts/prod", sidecars[survivor].2),
+    );
     let via = Kubectl::new(dir, "survivor", &kubeconfig);
-    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "before")));
+    via.ok_with_input(
+        &["apply", "-f", "-"],
+        Some(&support::deployment("demo", "before")),
+    );
 
     sidecars[owner].0.kill();
     let killed = Instant::now();
-    wait_for("the survivor to own and serve prod", || online_at(sidecars[survivor].2));
+    wait_for("the survivor to own and serve prod", || {
+        online_at(sidecars[survivor].2)
+    });
     let moved = killed.elapsed();
-    via.ok_with_input(&["apply", "-f", "-"], Some(&support::deployment("demo", "after")));
+    via.ok_with_input(
+        &["apply", "-f", "-"],
+        Some(&support::deployment("demo", "after")),
+    );
     let names = via.ok(&["get", "deployments", "-n", "demo", "-o", "name"]);
     assert!(
         names.contains("deployment.apps/before") && names.contains("deployment.apps/after"),

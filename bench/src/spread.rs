@@ -70,7 +70,12 @@ fn spread(assignment: &HashMap<String, usize>, nodes: usize) -> (usize, f64) {
 }
 
 /// Accounts whose node (by name) differs between two assignments.
-fn moved(a: &HashMap<String, usize>, a_nodes: &[String], b: &HashMap<String, usize>, b_nodes: &[String]) -> usize {
+fn moved(
+    a: &HashMap<String, usize>,
+    a_nodes: &[String],
+    b: &HashMap<String, usize>,
+    b_nodes: &[String],
+) -> usize {
     a.iter()
         .filter(|(k, i)| b.get(*k).map(|j| &b_nodes[*j]) != Some(&a_nodes[**i]))
         .count()
@@ -106,9 +111,15 @@ pub fn run(o: &Options, r: &mut Report) {
     let f3 = assign(&n3, &order, &HashMap::new(), o.load_factor);
     let f4 = assign(&n4, &order, &HashMap::new(), o.load_factor);
     let f3b = assign(&n3, &order, &HashMap::new(), o.load_factor);
-    for (name, a, n) in [("3 sidecars", &f3, 3), ("4 sidecars", &f4, 4), ("3 again", &f3b, 3)] {
+    for (name, a, n) in [
+        ("3 sidecars", &f3, 3),
+        ("4 sidecars", &f4, 4),
+        ("3 again", &f3b, 3),
+    ] {
         let (max, ratio) = spread(a, n);
-        r.line(format!("fresh, {name}: max {max} accounts, max/mean {ratio:.3}"));
+        r.line(format!(
+            "fresh, {name}: max {max} accounts, max/mean {ratio:.3}"
+        ));
     }
     r.line(format!(
         "fresh, moved 3→4: {} ({:.1}%, ideal 25%); 4→3: {} ({:.1}%)",

@@ -411,10 +411,16 @@ impl Config {
             if let Some(f) = &cd.facade_url
                 && !(f.starts_with("http://") || f.starts_with("https://"))
             {
-                return Err(invalid("clouddriver.facadeUrl", "must be an http(s):// URL"));
+                return Err(invalid(
+                    "clouddriver.facadeUrl",
+                    "must be an http(s):// URL",
+                ));
             }
             if cd.account.cache_threads == 0 {
-                return Err(invalid("clouddriver.account.cacheThreads", "must be at least 1"));
+                return Err(invalid(
+                    "clouddriver.account.cacheThreads",
+                    "must be at least 1",
+                ));
             }
             if cd.retry.initial_millis == 0 || cd.retry.max_millis < cd.retry.initial_millis {
                 return Err(invalid(
@@ -432,10 +438,7 @@ impl Config {
             }
         }
         if !crate::store::supported(&self.store.url) {
-            return Err(invalid(
-                "store.url",
-                "must be a sqlite: or postgres:// URL",
-            ));
+            return Err(invalid("store.url", "must be a sqlite: or postgres:// URL"));
         }
         Ok(())
     }
@@ -498,15 +501,19 @@ mod tests {
             ("clouddriver: {}\n", "clouddriver"),
             ("clouddriver: { baseUrl: ftp://x }\n", "clouddriver.baseUrl"),
             ("clouddriver: { baseUrl: http://x, bogus: 1 }\n", "bogus"),
-            ("accounts: { gracePeriodSeconds: 0 }\n", "accounts.gracePeriodSeconds"),
+            (
+                "accounts: { gracePeriodSeconds: 0 }\n",
+                "accounts.gracePeriodSeconds",
+            ),
             (
                 "clouddriver: { kubeconfigDir: /tmp, account: { permissions: { ADMIN: [] } } }\n",
                 "clouddriver.account.permissions",
             ),
         ] {
-            let e = Config::from_yaml_str(&format!("tunnel: {{ insecure: true }}\n{yaml}"), "g.yaml")
-                .unwrap_err()
-                .to_string();
+            let e =
+                Config::from_yaml_str(&format!("tunnel: {{ insecure: true }}\n{yaml}"), "g.yaml")
+                    .unwrap_err()
+                    .to_string();
             assert!(e.contains(key) && e.contains("g.yaml"), "{yaml}: {e}");
         }
     }

@@ -239,12 +239,21 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains(r#"spinlink_sidecar_relay_duration_seconds_count{account="prod"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"spinlink_sidecar_relay_duration_seconds_count{account="prod"} 1"#),
+            "{text}"
+        );
         assert!(text.contains(
             r#"spinlink_sidecar_registrations_total{target="clouddriver",op="register",outcome="failure"} 1"#
         ), "{text}");
-        assert!(text.contains(r#"spinlink_sidecar_cache_objects{account="prod"} 0"#), "{text}");
-        assert!(text.contains(r#"spinlink_sidecar_account_state{account="prod",state="online"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"spinlink_sidecar_cache_objects{account="prod"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"spinlink_sidecar_account_state{account="prod",state="online"} 1"#),
+            "{text}"
+        );
         assert_eq!(verb(&http::Method::GET, false, true), "watch");
     }
 }

@@ -166,8 +166,18 @@ async fn registers_with_retries_serves_stale_then_deregisters_after_grace() -> a
         .get("warning")
         .context("no Warning header on a stale read")?
         .to_str()?;
-    assert!(warning.starts_with("299 - ") && warning.contains("offline"), "{warning}");
-    let write = request(&http, "POST", &pods_url, &[("content-type", "application/json")], "{}").await?;
+    assert!(
+        warning.starts_with("299 - ") && warning.contains("offline"),
+        "{warning}"
+    );
+    let write = request(
+        &http,
+        "POST",
+        &pods_url,
+        &[("content-type", "application/json")],
+        "{}",
+    )
+    .await?;
     assert_eq!(write.status, 503);
     assert_eq!(write.json()["reason"], "ServiceUnavailable");
     assert!(calls.iter().all(|c| c.method != "DELETE"));
@@ -175,7 +185,11 @@ async fn registers_with_retries_serves_stale_then_deregisters_after_grace() -> a
     // The grace period ends: deregistered, file gone, account not found.
     fake.wait_for("DELETE", |c| c.iter().any(|c| c.method == "DELETE"))
         .await?;
-    let delete = fake.calls().into_iter().find(|c| c.method == "DELETE").unwrap();
+    let delete = fake
+        .calls()
+        .into_iter()
+        .find(|c| c.method == "DELETE")
+        .unwrap();
     assert_eq!(delete.path, "/credentials/prod");
     assert_eq!(delete.user.as_deref(), Some("spinlink-sidecar"));
     wait_status(&sidecar, "prod", |s| s.registration.state == "deregistered").await?;
@@ -188,16 +202,18 @@ async fn registers_with_retries_serves_stale_then_deregisters_after_grace() -> a
         text.contains(r#"spinlink_sidecar_registrations_total{target="clouddriver",op="create",outcome="failure"} 2"#),
         "{text}"
     );
-    assert!(text.contains(r#"op="update",outcome="success"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"op="update",outcome="success"} 1"#),
+        "{text}"
+    );
     sidecar.stop().await
 }
 
 #[tokio::test]
 async fn an_account_that_comes_back_within_grace_is_not_deregistered() -> anyhow::Result<()> {
     let (fake, cd) = FakeClouddriver::start(&[]).await?;
-    let extra = format!(
-        "accounts: {{ gracePeriodSeconds: 2 }}\nclouddriver: {{ baseUrl: http://{cd} }}\n"
-    );
+    let extra =
+        format!("accounts: {{ gracePeriodSeconds: 2 }}\nclouddriver: {{ baseUrl: http://{cd} }}\n");
     let sidecar = start_config("", &extra).await?;
     let mut client = sidecar.client().await?;
     let cache = CacheStream::open(&mut client, "prod").await?;
@@ -206,7 +222,11 @@ async fn an_account_that_comes_back_within_grace_is_not_deregistered() -> anyhow
     wait_status(&sidecar, "prod", |s| !s.online).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut cache = CacheStream::open(&mut client, "prod").await?;
-    cache.send(spinlink_proto::v1::cache_up::Msg::Heartbeat(Default::default())).await?;
+    cache
+        .send(spinlink_proto::v1::cache_up::Msg::Heartbeat(
+            Default::default(),
+        ))
+        .await?;
     wait_status(&sidecar, "prod", |s| s.online).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(

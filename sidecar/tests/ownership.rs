@@ -21,7 +21,9 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
     let dir = tempfile::tempdir()?;
     let store = format!("sqlite://{}", dir.path().join("shared.db").display());
     let extra = |id: &str| {
-        format!("store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: 30 }}\ninstanceId: {id}\n")
+        format!(
+            "store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: 30 }}\ninstanceId: {id}\n"
+        )
     };
     let a = start_named(&extra("sidecar-a")).await?;
     let b = start_named(&extra("sidecar-b")).await?;
@@ -37,20 +39,59 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
     let path = "/accounts/prod/api/v1/namespaces/demo/pods";
     // Through B: forwarded to A, answered from A's cache.
     let via_b = get(&http, &b.url(path)).await?;
-    assert_eq!(via_b.status, 200, "{}", String::from_utf8_lossy(&via_b.body));
+    assert_eq!(
+        via_b.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&via_b.body)
+    );
     assert_eq!(via_b.json()["items"][0]["metadata"]["name"], "web-1");
     // A request already forwarded once is never forwarded again.
-    let hop = request(&http, "GET", &b.url(path), &[("spinlink-forwarded-by", "sidecar-x")], "").await?;
+    let hop = request(
+        &http,
+        "GET",
+        &b.url(path),
+        &[("spinlink-forwarded-by", "sidecar-x")],
+        "",
+    )
+    .await?;
     assert_eq!(hop.status, 503);
-    assert_eq!(hop.headers.get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
-    assert!(hop.json()["message"].as_str().unwrap().contains("sidecar-a"));
+    assert_eq!(
+        hop.headers.get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    assert!(
+        hop.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("sidecar-a")
+    );
     // The owner answers a forwarded request itself.
-    let at_a = request(&http, "GET", &a.url(path), &[("spinlink-forwarded-by", "sidecar-b")], "").await?;
+    let at_a = request(
+        &http,
+        "GET",
+        &a.url(path),
+        &[("spinlink-forwarded-by", "sidecar-b")],
+        "",
+    )
+    .await?;
     assert_eq!(at_a.status, 200);
     // A forwarded request for an account nobody owns: retryable, not 404.
-    let nobody = request(&http, "GET", &b.url("/accounts/ghost/api/v1/pods"), &[("spinlink-forwarded-by", "x")], "").await?;
+    let nobody = request(
+        &http,
+        "GET",
+        &b.url("/accounts/ghost/api/v1/pods"),
+        &[("spinlink-forwarded-by", "x")],
+        "",
+    )
+    .await?;
     assert_eq!(nobody.status, 503);
-    assert_eq!(get(&http, &b.url("/accounts/ghost/api/v1/pods")).await?.status, 404);
+    assert_eq!(
+        get(&http, &b.url("/accounts/ghost/api/v1/pods"))
+            .await?
+            .status,
+        404
+    );
 
     // B may not take A's account while A holds it.
     let mut to_b = b.client().await?;
@@ -58,7 +99,11 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
     let err = refused.err().expect("a second owner was accepted");
     let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    assert!(status.message().contains("sidecar-a"), "{}", status.message());
+    assert!(
+        status.message().contains("sidecar-a"),
+        "{}",
+        status.message()
+    );
 
     // A drains: its leases are released and B takes the account at once.
     drop(cache);
@@ -78,14 +123,19 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
     let mut client = sidecar.client().await?;
     let open = |fingerprint: &str| spinlink_proto::v1::CacheUp {
         seq: 1,
-        msg: Some(spinlink_proto::v1::cache_up::Msg::Open(spinlink_proto::v1::CacheOpen {
-            account: "prod".into(),
-            agent_id: "test".into(),
-            ca_fingerprint: fingerprint.into(),
-        })),
+        msg: Some(spinlink_proto::v1::cache_up::Msg::Open(
+            spinlink_proto::v1::CacheOpen {
+                account: "prod".into(),
+                agent_id: "test".into(),
+                ca_fingerprint: fingerprint.into(),
+            },
+        )),
     };
     let first = client
-        .cache(with_headers(futures::stream::iter([open("aa11")]).chain(futures::stream::pending()), "prod"))
+        .cache(with_headers(
+            futures::stream::iter([open("aa11")]).chain(futures::stream::pending()),
+            "prod",
+        ))
         .await;
     assert!(first.is_ok());
     let second = client
@@ -94,10 +144,17 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
         .err()
         .expect("a second cluster under the same name was accepted");
     assert_eq!(second.code(), tonic::Code::FailedPrecondition);
-    assert!(second.message().contains("another cluster"), "{}", second.message());
+    assert!(
+        second.message().contains("another cluster"),
+        "{}",
+        second.message()
+    );
     // The same cluster again is fine.
     let again = client
-        .cache(with_headers(futures::stream::iter([open("aa11")]).chain(futures::stream::pending()), "prod"))
+        .cache(with_headers(
+            futures::stream::iter([open("aa11")]).chain(futures::stream::pending()),
+            "prod",
+        ))
         .await;
     assert!(again.is_ok());
     drop((first, again));

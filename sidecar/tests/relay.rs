@@ -236,7 +236,12 @@ async fn no_head_in_time_is_a_504_and_cancels() -> anyhow::Result<()> {
 
 /// The agent (played here) answers the next relayed request with `status`
 /// and `body`, after checking its method.
-async fn answer(relay: &mut RelayStream, method: &str, status: u32, body: &serde_json::Value) -> anyhow::Result<()> {
+async fn answer(
+    relay: &mut RelayStream,
+    method: &str,
+    status: u32,
+    body: &serde_json::Value,
+) -> anyhow::Result<()> {
     let relay_down::Msg::Head(req) = relay.next().await? else {
         anyhow::bail!("expected a request head");
     };
@@ -274,8 +279,17 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     let patch = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
         async move {
-            request(&http, "PATCH", &url, &[("content-type", "application/merge-patch+json"),
-                ("kubectl-command", "kubectl patch")], "{}").await
+            request(
+                &http,
+                "PATCH",
+                &url,
+                &[
+                    ("content-type", "application/merge-patch+json"),
+                    ("kubectl-command", "kubectl patch"),
+                ],
+                "{}",
+            )
+            .await
         }
     });
     answer(&mut relay, "PATCH", 200, &pod("11", "two")).await?;
@@ -285,17 +299,39 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     let read = get(&http, &url).await?;
     assert_eq!(read.json()["spec"]["containers"][0]["image"], "two");
     // The list still claims only what the watch delivered.
-    let list = get(&http, &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods")).await?;
+    let list = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods"),
+    )
+    .await?;
     assert_eq!(list.json()["metadata"]["resourceVersion"], "1000");
 
     // A failed write changes nothing; a finished delete removes it.
     let failed = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
-        async move { request(&http, "PUT", &url, &[("content-type", "application/json")], "{}").await }
+        async move {
+            request(
+                &http,
+                "PUT",
+                &url,
+                &[("content-type", "application/json")],
+                "{}",
+            )
+            .await
+        }
     });
-    answer(&mut relay, "PUT", 409, &serde_json::json!({"kind": "Status", "code": 409})).await?;
+    answer(
+        &mut relay,
+        "PUT",
+        409,
+        &serde_json::json!({"kind": "Status", "code": 409}),
+    )
+    .await?;
     assert_eq!(failed.await??.status, 409);
-    assert_eq!(get(&http, &url).await?.json()["spec"]["containers"][0]["image"], "two");
+    assert_eq!(
+        get(&http, &url).await?.json()["spec"]["containers"][0]["image"],
+        "two"
+    );
     let delete = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
         async move { request(&http, "DELETE", &url, &[], "").await }
@@ -305,7 +341,9 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     assert_eq!(get(&http, &url).await?.status, 404);
 
     // The history: method, path, status, outcome and the time of each hop.
-    let ops = get(&http, &sidecar.url("/v1/accounts/prod/operations")).await?.json();
+    let ops = get(&http, &sidecar.url("/v1/accounts/prod/operations"))
+        .await?
+        .json();
     let ops = ops.as_array().unwrap();
     let summary: Vec<(String, u64, String)> = ops
         .iter()
@@ -331,7 +369,12 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     for hop in ["received", "sentToAgent", "answered"] {
         assert!(first[hop].is_string(), "{hop}: {first}");
     }
-    assert_eq!(get(&http, &sidecar.url("/v1/accounts/zzz/operations")).await?.status, 404);
+    assert_eq!(
+        get(&http, &sidecar.url("/v1/accounts/zzz/operations"))
+            .await?
+            .status,
+        404
+    );
     sidecar.stop().await
 }
 
@@ -345,13 +388,32 @@ async fn agents_are_listed_and_can_be_disconnected() -> anyhow::Result<()> {
     assert_eq!(agents[0]["accounts"][0]["relay"], true);
 
     let encoded: String = url::form_urlencoded::byte_serialize(IDENTITY.as_bytes()).collect();
-    let unknown = request(&http, "POST", &sidecar.url("/v1/agents/nobody/disconnect"), &[], "").await?;
+    let unknown = request(
+        &http,
+        "POST",
+        &sidecar.url("/v1/agents/nobody/disconnect"),
+        &[],
+        "",
+    )
+    .await?;
     assert_eq!(unknown.status, 404);
     assert_eq!(
-        get(&http, &sidecar.url(&format!("/v1/agents/{encoded}/disconnect"))).await?.status,
+        get(
+            &http,
+            &sidecar.url(&format!("/v1/agents/{encoded}/disconnect"))
+        )
+        .await?
+        .status,
         405
     );
-    let done = request(&http, "POST", &sidecar.url(&format!("/v1/agents/{encoded}/disconnect")), &[], "").await?;
+    let done = request(
+        &http,
+        "POST",
+        &sidecar.url(&format!("/v1/agents/{encoded}/disconnect")),
+        &[],
+        "",
+    )
+    .await?;
     assert_eq!(done.status, 200, "{}", String::from_utf8_lossy(&done.body));
     assert_eq!(done.json()["accounts"], serde_json::json!(["prod"]));
     // The agent's cache stream is ended by the sidecar.

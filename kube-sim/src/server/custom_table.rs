@@ -55,7 +55,9 @@ pub(crate) fn table<'a>(
     now: DateTime<Utc>,
 ) -> Value {
     let cols = columns(res);
-    let mut defs = vec![json!({"name": "Name", "type": "string", "format": "name", "description": NAME_DESC, "priority": 0})];
+    let mut defs = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": NAME_DESC, "priority": 0}),
+    ];
     defs.extend(cols.iter().map(|c| {
         json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority})
     }));

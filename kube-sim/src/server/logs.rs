@@ -73,7 +73,10 @@ pub(crate) fn container(pod: &Value, opts: &LogOptions) -> Result<String, Status
                 containers.join(" ")
             );
             if !init.is_empty() {
-                msg.push_str(&format!(" or one of the init containers: [{}]", init.join(" ")));
+                msg.push_str(&format!(
+                    " or one of the init containers: [{}]",
+                    init.join(" ")
+                ));
             }
             return Err(Status::bad_request(msg));
         }
@@ -93,12 +96,15 @@ pub(crate) fn container(pod: &Value, opts: &LogOptions) -> Result<String, Status
 }
 
 fn start_time(pod: &Value) -> DateTime<Utc> {
-    [&pod["status"]["startTime"], &pod["metadata"]["creationTimestamp"]]
-        .into_iter()
-        .filter_map(Value::as_str)
-        .find_map(|s| DateTime::parse_from_rfc3339(s).ok())
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or_default()
+    [
+        &pod["status"]["startTime"],
+        &pod["metadata"]["creationTimestamp"],
+    ]
+    .into_iter()
+    .filter_map(Value::as_str)
+    .find_map(|s| DateTime::parse_from_rfc3339(s).ok())
+    .map(|t| t.with_timezone(&Utc))
+    .unwrap_or_default()
 }
 
 /// Line `i` (from 1) of `container` in `pod`, newline-terminated.
@@ -182,7 +188,10 @@ async fn follow(
         return;
     }
     let ns = pod["metadata"]["namespace"].as_str().map(str::to_string);
-    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let uid = pod["metadata"]["uid"].clone();
     let mut ticker = tokio::time::interval_at(
         tokio::time::Instant::now() + FOLLOW_INTERVAL,
@@ -197,7 +206,8 @@ async fn follow(
         }
         // The stream ends with the pod (or its replacement under the same name).
         match sim.get_in(res, ns.as_deref(), &name) {
-            Ok(p) if p["metadata"]["uid"] == uid && p["metadata"]["deletionTimestamp"].is_null() => {}
+            Ok(p)
+                if p["metadata"]["uid"] == uid && p["metadata"]["deletionTimestamp"].is_null() => {}
             _ => return,
         }
         i += 1;
@@ -233,10 +243,18 @@ mod tests {
             "a container name must be specified for pod p, choose one of: [a b]"
         );
         let e = container(&pod(), &opts(Some("x"))).unwrap_err();
-        assert_eq!((e.code, e.message.as_str()), (400, "container x is not valid for pod p"));
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (400, "container x is not valid for pod p")
+        );
         let mut pending = pod();
         pending["status"]["phase"] = json!("Pending");
-        assert!(container(&pending, &opts(Some("a"))).unwrap_err().message.contains("waiting to start"));
+        assert!(
+            container(&pending, &opts(Some("a")))
+                .unwrap_err()
+                .message
+                .contains("waiting to start")
+        );
     }
 
     #[test]

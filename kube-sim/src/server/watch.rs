@@ -18,9 +18,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::custom_table::any_table;
 use super::router::Body;
 use crate::store::{EventType, Sim, WatchFilter};
-use super::custom_table::any_table;
 use crate::table::IncludeObject;
 
 /// Frames buffered between a watch task and its response body.

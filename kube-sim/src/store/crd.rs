@@ -358,7 +358,12 @@ mod tests {
         let mut c = crd();
         c["spec"]["versions"][0]["storage"] = json!(false);
         assert_eq!(
-            validate_and_default(&mut c).unwrap_err().details.unwrap().causes[0].field,
+            validate_and_default(&mut c)
+                .unwrap_err()
+                .details
+                .unwrap()
+                .causes[0]
+                .field,
             "spec.versions"
         );
         let mut c = crd();

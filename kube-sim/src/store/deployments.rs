@@ -81,7 +81,10 @@ fn revision(obj: &Value) -> i64 {
 fn owned_by(obj: &Value, uid: &str) -> bool {
     obj["metadata"]["ownerReferences"]
         .as_array()
-        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid && r["controller"] == true))
+        .is_some_and(|refs| {
+            refs.iter()
+                .any(|r| r["uid"] == uid && r["controller"] == true)
+        })
 }
 
 impl Sim {
@@ -204,7 +207,10 @@ impl Sim {
             }
         }
         // Prune: scaled-down replica sets beyond the history limit, oldest first.
-        let limit = dep["spec"]["revisionHistoryLimit"].as_i64().unwrap_or(10).max(0) as usize;
+        let limit = dep["spec"]["revisionHistoryLimit"]
+            .as_i64()
+            .unwrap_or(10)
+            .max(0) as usize;
         let mut old: Vec<(i64, Key)> = Self::owned_replica_sets(st, dep)
             .into_iter()
             .filter(|(_, rs)| rs["spec"]["replicas"] == 0 && revision(rs) != rev)

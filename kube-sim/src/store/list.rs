@@ -86,7 +86,9 @@ impl Sim {
             .collect();
         let start = st.history.partition_point(|e| e.rv <= rv);
         for e in st.history.range(start..).rev() {
-            if e.key.resource != res.storage_key() || namespace.is_some_and(|ns| e.key.namespace != ns) {
+            if e.key.resource != res.storage_key()
+                || namespace.is_some_and(|ns| e.key.namespace != ns)
+            {
                 continue;
             }
             let k = (e.key.namespace.clone(), e.key.name.clone());

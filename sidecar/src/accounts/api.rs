@@ -73,7 +73,9 @@ pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body
                 }
             }
             [] | [_, "disconnect"] => method_not_allowed(method),
-            _ => not_found(format!("the server could not find the requested resource ({path})")),
+            _ => not_found(format!(
+                "the server could not find the requested resource ({path})"
+            )),
         };
     }
     if !read {
@@ -91,7 +93,9 @@ pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body
             Some(account) => json(&account.operations()),
             None => not_found(format!("account \"{name}\" not found")),
         },
-        _ => not_found(format!("the server could not find the requested resource ({path})")),
+        _ => not_found(format!(
+            "the server could not find the requested resource ({path})"
+        )),
     }
 }
 
@@ -135,7 +139,10 @@ mod openapi_doc {
     use super::*;
 
     fn doc() -> serde_json::Value {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api/sidecar.openapi.yaml");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/api/sidecar.openapi.yaml"
+        );
         serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
@@ -150,7 +157,12 @@ mod openapi_doc {
             }
             let concrete = path.replace("{name}", "a").replace("{identity}", "id");
             assert!(owns(&concrete), "{path} is documented but not routed here");
-            for method in item.as_object().unwrap().keys().filter(|k| *k != "parameters") {
+            for method in item
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| *k != "parameters")
+            {
                 let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
                 let status = handle(&accounts, &m, &concrete).status();
                 assert_eq!(status, StatusCode::OK, "{method} {path}");
@@ -160,7 +172,10 @@ mod openapi_doc {
         let served = serde_json::to_value(accounts.status("a").unwrap()).unwrap();
         let documented = &doc["components"]["schemas"]["AccountStatus"]["properties"];
         for key in served.as_object().unwrap().keys() {
-            assert!(documented.get(key).is_some(), "AccountStatus.{key} is not documented");
+            assert!(
+                documented.get(key).is_some(),
+                "AccountStatus.{key} is not documented"
+            );
         }
     }
 }

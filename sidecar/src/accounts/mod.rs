@@ -543,7 +543,9 @@ impl Accounts {
     }
 
     fn owned(&self, mut status: AccountStatus) -> AccountStatus {
-        self.instance.as_ref().clone_into(&mut status.owner_instance);
+        self.instance
+            .as_ref()
+            .clone_into(&mut status.owner_instance);
         status
     }
 
@@ -652,7 +654,6 @@ pub fn age_seconds(since: Option<Instant>) -> u64 {
     since.map_or(0, |s| s.elapsed().as_secs())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -731,13 +732,19 @@ mod tests {
         a.cache_opened("spiffe://x/agent/1");
         assert_eq!(accounts.agents()[0].identity, "spiffe://x/agent/1");
         assert!(accounts.disconnect_agent("nobody").is_none());
-        assert_eq!(accounts.disconnect_agent("spiffe://x/agent/1").unwrap(), ["a"]);
+        assert_eq!(
+            accounts.disconnect_agent("spiffe://x/agent/1").unwrap(),
+            ["a"]
+        );
         tokio::time::timeout(Duration::from_secs(10), stream.cancelled())
             .await
             .unwrap();
         assert!(!parent.is_cancelled());
         let later = a.stream_token(&parent);
-        assert!(!later.is_cancelled(), "streams opened after a disconnect live on");
+        assert!(
+            !later.is_cancelled(),
+            "streams opened after a disconnect live on"
+        );
     }
 
     #[test]

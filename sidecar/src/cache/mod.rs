@@ -496,8 +496,10 @@ mod tests {
         assert_eq!(spec_of(&c, "a", "p"), None);
         // A write answered before a delete whose event arrived first: the
         // watch is past the write, so the answer must not resurrect it.
-        c.apply(&event(EventType::Added, "a", "q", "20", json!(1))).unwrap();
-        c.apply(&event(EventType::Deleted, "a", "q", "22", json!(1))).unwrap();
+        c.apply(&event(EventType::Added, "a", "q", "20", json!(1)))
+            .unwrap();
+        c.apply(&event(EventType::Deleted, "a", "q", "22", json!(1)))
+            .unwrap();
         let q = json!({"kind": "Pod", "apiVersion": "v1",
             "metadata": {"name": "q", "namespace": "a", "resourceVersion": "21"}});
         assert_eq!(c.fold_write(&key, &q, false), Applied::Unchanged);

@@ -234,7 +234,10 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let now = Instant::now();
         let due: Vec<(String, Arc<Account>, Wish)> = {
-            let entries = shared.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            let entries = shared
+                .entries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             entries
                 .iter()
                 .filter(|(_, e)| e.done != Some(e.wish) && e.next_try.is_none_or(|t| t <= now))
@@ -246,7 +249,10 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
                 Wish::Registered => register(&shared, &client, &name).await,
                 Wish::Deregistered => deregister(&shared, &client, &name).await,
             };
-            let mut entries = shared.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut entries = shared
+                .entries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let Some(e) = entries.get_mut(&name) else {
                 continue;
             };
@@ -280,7 +286,10 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
         let next = {
-            let entries = shared.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            let entries = shared
+                .entries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             entries
                 .values()
                 .filter(|e| e.done != Some(e.wish))
@@ -308,7 +317,9 @@ async fn register(
 ) -> Result<(), CallError> {
     if let Some(dir) = &shared.config.kubeconfig_dir {
         let r = write_kubeconfig(dir, name, &kubeconfig(&shared.facade_url, name)).await;
-        shared.metrics.registration("kubeconfig", "register", r.is_ok());
+        shared
+            .metrics
+            .registration("kubeconfig", "register", r.is_ok());
         r?;
     }
     let Some(base) = &shared.config.base_url else {
@@ -441,7 +452,10 @@ fn kubeconfig_path(dir: &Path, name: &str) -> PathBuf {
 /// Clouddriver never reads half a kubeconfig.
 async fn write_kubeconfig(dir: &Path, name: &str, contents: &str) -> Result<(), CallError> {
     let path = kubeconfig_path(dir, name);
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|f| f.to_str()).unwrap_or("x")));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|f| f.to_str()).unwrap_or("x")
+    ));
     let err = |source| CallError::File {
         path: path.clone(),
         source,

@@ -97,7 +97,9 @@ impl Facade {
             .filter(|a| a.presence() != Presence::Removed);
         let forwarded = req.headers().contains_key(ownership::FORWARDED_HEADER);
         // Not served here right now: another sidecar may own it (one hop only).
-        if local.as_ref().is_none_or(|a| a.presence() != Presence::Online)
+        if local
+            .as_ref()
+            .is_none_or(|a| a.presence() != Presence::Online)
             && let Some(own) = &self.ownership
             && let Some(owner) = own.owner(&name).await
         {

@@ -128,7 +128,9 @@ fn folded_kind(account: &Account, method: &http::Method, path: &str) -> Option<K
     if !(whole && named) {
         return None;
     }
-    account.read_cache().kind(&rp.group, &rp.version, &rp.resource)?;
+    account
+        .read_cache()
+        .kind(&rp.group, &rp.version, &rp.resource)?;
     Some(KindKey {
         group: rp.group,
         version: rp.version,
@@ -137,7 +139,13 @@ fn folded_kind(account: &Account, method: &http::Method, path: &str) -> Option<K
 }
 
 /// Finishes the operation record and keeps it in the account's history.
-fn record(account: &Account, mut op: Operation, status: u16, outcome: Outcome, message: Option<String>) {
+fn record(
+    account: &Account,
+    mut op: Operation,
+    status: u16,
+    outcome: Outcome,
+    message: Option<String>,
+) {
     op.answered = Some(chrono::Utc::now());
     op.status = status;
     op.outcome = outcome;
@@ -203,7 +211,13 @@ where
         message: None,
     };
     let fail = |account: &Account, op: Operation, outcome: Outcome, status: Status| {
-        record(account, op, status.code, outcome, Some(status.message.clone()));
+        record(
+            account,
+            op,
+            status.code,
+            outcome,
+            Some(status.message.clone()),
+        );
         body::status(&status)
     };
     let Some(handle) = account.relay() else {

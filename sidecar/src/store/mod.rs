@@ -318,7 +318,11 @@ impl Store {
     /// (`Some`), else records it (`None`). An empty fingerprint (unknown)
     /// neither conflicts nor is recorded; an account row is created if
     /// missing.
-    pub async fn claim_fingerprint(&self, account: &str, fingerprint: &str) -> Result<Option<String>> {
+    pub async fn claim_fingerprint(
+        &self,
+        account: &str,
+        fingerprint: &str,
+    ) -> Result<Option<String>> {
         if fingerprint.is_empty() {
             return Ok(None);
         }
@@ -400,7 +404,8 @@ impl Store {
     /// another instance need not wait for it to expire. Returns whether it
     /// was held.
     pub async fn release_lease(&self, account: &str, owner: &str, epoch: i64) -> Result<bool> {
-        let sql = "UPDATE leases SET expires_at = 0 WHERE account = $1 AND owner = $2 AND epoch = $3";
+        let sql =
+            "UPDATE leases SET expires_at = 0 WHERE account = $1 AND owner = $2 AND epoch = $3";
         let n = with_pool!(self, pool => {
             sqlx::query(sql).bind(account).bind(owner).bind(epoch)
                 .execute(pool).await?.rows_affected()

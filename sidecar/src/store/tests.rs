@@ -19,7 +19,10 @@ impl Engines {
         if let Ok(url) = std::env::var("SPINLINK_TEST_POSTGRES_URL") {
             let schema = format!("spinlink_test_{:016x}", rand::random::<u64>());
             let admin = PgPool::connect(&url).await.unwrap_or_else(|e| {
-                panic!("SPINLINK_TEST_POSTGRES_URL is set but unusable ({}): {e}", redact(&url))
+                panic!(
+                    "SPINLINK_TEST_POSTGRES_URL is set but unusable ({}): {e}",
+                    redact(&url)
+                )
             });
             sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
                 .execute(&admin)
@@ -60,8 +63,14 @@ async fn upsert_then_state_change() {
             .upsert_account("a", "spiffe://x/agent/1", AccountState::Online)
             .await
             .unwrap();
-        store.set_account_state("a", AccountState::Offline).await.unwrap();
-        store.upsert_account("b", "id2", AccountState::Online).await.unwrap();
+        store
+            .set_account_state("a", AccountState::Offline)
+            .await
+            .unwrap();
+        store
+            .upsert_account("b", "id2", AccountState::Online)
+            .await
+            .unwrap();
         let rows = store.accounts().await.unwrap();
         assert_eq!(rows.len(), 2, "{e}");
         assert_eq!(rows[0].state, "offline", "{e}");
@@ -77,20 +86,28 @@ async fn leases_are_exclusive_renewable_and_taken_over_after_expiry() {
     for store in &engines.stores {
         let e = store.engine();
         let long = Duration::from_secs(60);
-        let Acquired::Owned(first) = store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        let Acquired::Owned(first) = store
+            .acquire_lease("prod", "sidecar-1", long)
+            .await
+            .unwrap()
         else {
             panic!("{e}: a free lease is taken");
         };
         assert_eq!((first.owner.as_str(), first.epoch), ("sidecar-1", 1), "{e}");
         // Another instance is refused and told who holds it.
         assert_eq!(
-            store.acquire_lease("prod", "sidecar-2", long).await.unwrap(),
+            store
+                .acquire_lease("prod", "sidecar-2", long)
+                .await
+                .unwrap(),
             Acquired::HeldBy(first.clone()),
             "{e}"
         );
         // The owner renews with the same epoch.
-        let Acquired::Owned(renewed) =
-            store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        let Acquired::Owned(renewed) = store
+            .acquire_lease("prod", "sidecar-1", long)
+            .await
+            .unwrap()
         else {
             panic!("{e}: the owner renews");
         };
@@ -101,15 +118,27 @@ async fn leases_are_exclusive_renewable_and_taken_over_after_expiry() {
             .acquire_lease("prod", "sidecar-1", Duration::ZERO)
             .await
             .unwrap();
-        let Acquired::Owned(taken) = store.acquire_lease("prod", "sidecar-2", long).await.unwrap()
+        let Acquired::Owned(taken) = store
+            .acquire_lease("prod", "sidecar-2", long)
+            .await
+            .unwrap()
         else {
             panic!("{e}: an expired lease is taken over");
         };
         assert_eq!((taken.owner.as_str(), taken.epoch), ("sidecar-2", 2), "{e}");
         // A stale owner cannot release the new owner's lease; the owner can.
-        assert!(!store.release_lease("prod", "sidecar-1", 1).await.unwrap(), "{e}");
-        assert!(store.release_lease("prod", "sidecar-2", 2).await.unwrap(), "{e}");
-        let Acquired::Owned(back) = store.acquire_lease("prod", "sidecar-1", long).await.unwrap()
+        assert!(
+            !store.release_lease("prod", "sidecar-1", 1).await.unwrap(),
+            "{e}"
+        );
+        assert!(
+            store.release_lease("prod", "sidecar-2", 2).await.unwrap(),
+            "{e}"
+        );
+        let Acquired::Owned(back) = store
+            .acquire_lease("prod", "sidecar-1", long)
+            .await
+            .unwrap()
         else {
             panic!("{e}: a released lease is free");
         };
@@ -171,26 +200,52 @@ async fn journal_and_resource_versions() {
             [4, 5],
             "{e}"
         );
-        assert!(store.journaled("other", 10).await.unwrap().is_empty(), "{e}");
+        assert!(
+            store.journaled("other", 10).await.unwrap().is_empty(),
+            "{e}"
+        );
 
         let kv = |resource: &str, rv: &str| KindVersion {
-            group: if resource == "deployments" { "apps".into() } else { String::new() },
+            group: if resource == "deployments" {
+                "apps".into()
+            } else {
+                String::new()
+            },
             version: "v1".into(),
             resource: resource.into(),
             resource_version: rv.into(),
         };
-        store.set_resource_version("prod", &kv("pods", "10")).await.unwrap();
-        store.set_resource_version("prod", &kv("deployments", "7")).await.unwrap();
-        store.set_resource_version("prod", &kv("pods", "12")).await.unwrap();
-        store.set_resource_version("dev", &kv("pods", "1")).await.unwrap();
+        store
+            .set_resource_version("prod", &kv("pods", "10"))
+            .await
+            .unwrap();
+        store
+            .set_resource_version("prod", &kv("deployments", "7"))
+            .await
+            .unwrap();
+        store
+            .set_resource_version("prod", &kv("pods", "12"))
+            .await
+            .unwrap();
+        store
+            .set_resource_version("dev", &kv("pods", "1"))
+            .await
+            .unwrap();
         assert_eq!(
             store.resource_versions("prod").await.unwrap(),
             [kv("pods", "12"), kv("deployments", "7")],
             "{e}"
         );
         store.clear_resource_versions("prod").await.unwrap();
-        assert!(store.resource_versions("prod").await.unwrap().is_empty(), "{e}");
-        assert_eq!(store.resource_versions("dev").await.unwrap().len(), 1, "{e}");
+        assert!(
+            store.resource_versions("prod").await.unwrap().is_empty(),
+            "{e}"
+        );
+        assert_eq!(
+            store.resource_versions("dev").await.unwrap().len(),
+            1,
+            "{e}"
+        );
     }
     engines.done().await;
 }
@@ -200,8 +255,14 @@ async fn file_database_is_created_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("s.db").display());
     let store = Store::open(&url).await.unwrap();
-    store.upsert_account("b", "id1", AccountState::Online).await.unwrap();
-    store.upsert_account("b", "id2", AccountState::Online).await.unwrap();
+    store
+        .upsert_account("b", "id1", AccountState::Online)
+        .await
+        .unwrap();
+    store
+        .upsert_account("b", "id2", AccountState::Online)
+        .await
+        .unwrap();
     store.close().await;
     let again = Store::open(&url).await.unwrap();
     let rows = again.accounts().await.unwrap();
@@ -211,12 +272,18 @@ async fn file_database_is_created_and_survives_reopen() {
 
 #[tokio::test]
 async fn bad_urls_are_refused_without_their_password() {
-    let err = Store::open("mysql://u:hunter2@h/db").await.unwrap_err().to_string();
-    assert!(err.contains("sqlite: or postgres://"), "{err}");
-    let err = Store::open_within("postgres://u:hunter2@127.0.0.1:1/db", Duration::from_millis(300))
+    let err = Store::open("mysql://u:hunter2@h/db")
         .await
         .unwrap_err()
         .to_string();
+    assert!(err.contains("sqlite: or postgres://"), "{err}");
+    let err = Store::open_within(
+        "postgres://u:hunter2@127.0.0.1:1/db",
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(!err.contains("hunter2"), "{err}");
     assert!(err.contains("****"), "{err}");
 }
@@ -227,8 +294,14 @@ async fn instances_are_registered_and_found() {
     for store in &engines.stores {
         let e = store.engine();
         assert_eq!(store.instance_url("s1").await.unwrap(), None, "{e}");
-        store.register_instance("s1", "http://10.0.0.1:7009").await.unwrap();
-        store.register_instance("s1", "http://10.0.0.2:7009").await.unwrap();
+        store
+            .register_instance("s1", "http://10.0.0.1:7009")
+            .await
+            .unwrap();
+        store
+            .register_instance("s1", "http://10.0.0.2:7009")
+            .await
+            .unwrap();
         assert_eq!(
             store.instance_url("s1").await.unwrap().as_deref(),
             Some("http://10.0.0.2:7009"),
@@ -243,25 +316,56 @@ async fn one_account_name_names_one_cluster() {
     let engines = Engines::new().await;
     for store in &engines.stores {
         let e = store.engine();
-        assert_eq!(store.claim_fingerprint("prod", "").await.unwrap(), None, "{e}");
-        assert_eq!(store.claim_fingerprint("prod", "aaaa").await.unwrap(), None, "{e}");
-        assert_eq!(store.claim_fingerprint("prod", "aaaa").await.unwrap(), None, "{e}");
         assert_eq!(
-            store.claim_fingerprint("prod", "bbbb").await.unwrap().as_deref(),
+            store.claim_fingerprint("prod", "").await.unwrap(),
+            None,
+            "{e}"
+        );
+        assert_eq!(
+            store.claim_fingerprint("prod", "aaaa").await.unwrap(),
+            None,
+            "{e}"
+        );
+        assert_eq!(
+            store.claim_fingerprint("prod", "aaaa").await.unwrap(),
+            None,
+            "{e}"
+        );
+        assert_eq!(
+            store
+                .claim_fingerprint("prod", "bbbb")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("aaaa"),
             "{e}"
         );
         // Unknown fingerprints neither conflict nor overwrite.
-        assert_eq!(store.claim_fingerprint("prod", "").await.unwrap(), None, "{e}");
-        // The row keeps its other fields when the stream records them.
-        store.upsert_account("prod", "id", AccountState::Online).await.unwrap();
         assert_eq!(
-            store.claim_fingerprint("prod", "bbbb").await.unwrap().as_deref(),
+            store.claim_fingerprint("prod", "").await.unwrap(),
+            None,
+            "{e}"
+        );
+        // The row keeps its other fields when the stream records them.
+        store
+            .upsert_account("prod", "id", AccountState::Online)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .claim_fingerprint("prod", "bbbb")
+                .await
+                .unwrap()
+                .as_deref(),
             Some("aaaa"),
             "{e}"
         );
         store.clear_fingerprint("prod").await.unwrap();
-        assert_eq!(store.claim_fingerprint("prod", "bbbb").await.unwrap(), None, "{e}");
+        assert_eq!(
+            store.claim_fingerprint("prod", "bbbb").await.unwrap(),
+            None,
+            "{e}"
+        );
     }
     engines.done().await;
 }
