@@ -35,19 +35,7 @@ fn agent_gateway_sidecar_kubectl() {
     let p = |path: std::path::PathBuf| path.display().to_string();
 
     // The cluster, with a Secret that must never leave it.
-    let sim_kubeconfig = dir.join("sim.kubeconfig");
-    let mut sim = Proc::start(
-        "kube-sim",
-        dir,
-        &[
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--kubeconfig-out",
-            &p(sim_kubeconfig.clone()),
-        ],
-    );
-    sim.listening("kube-sim");
+    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
     // `kubectl create secret` would send protobuf, which kube-sim does not
     // decode yet; apply sends JSON.

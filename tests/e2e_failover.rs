@@ -29,19 +29,7 @@ fn a_dead_gateway_is_replaced_through_the_balancer() {
     let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
     let p = |path: std::path::PathBuf| path.display().to_string();
 
-    let sim_kubeconfig = dir.join("sim.kubeconfig");
-    let mut sim = Proc::start(
-        "kube-sim",
-        dir,
-        &[
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--kubeconfig-out",
-            &p(sim_kubeconfig.clone()),
-        ],
-    );
-    sim.listening("kube-sim");
+    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
 
     let sidecar_cfg = yaml(
@@ -173,19 +161,7 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
     let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
     let p = |path: std::path::PathBuf| path.display().to_string();
 
-    let sim_kubeconfig = dir.join("sim.kubeconfig");
-    let mut sim = Proc::start(
-        "kube-sim",
-        dir,
-        &[
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--kubeconfig-out",
-            &p(sim_kubeconfig.clone()),
-        ],
-    );
-    sim.listening("kube-sim");
+    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
 
     // One store for both (a SQLite file; the store tests cover PostgreSQL).

@@ -141,6 +141,25 @@ impl Drop for Proc {
     }
 }
 
+/// Starts `spinlink kube-sim` (demo workload) in `dir`; returns the process
+/// and the kubeconfig it wrote (`dir/sim.kubeconfig`).
+pub fn kube_sim(dir: &Path) -> (Proc, PathBuf) {
+    let kubeconfig = dir.join("sim.kubeconfig");
+    let mut sim = Proc::start(
+        "kube-sim",
+        dir,
+        &[
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig-out",
+            kubeconfig.to_str().expect("a UTF-8 temp path"),
+        ],
+    );
+    sim.listening("kube-sim");
+    (sim, kubeconfig)
+}
+
 /// Real kubectl with a private HOME and discovery cache.
 pub struct Kubectl {
     home: PathBuf,
