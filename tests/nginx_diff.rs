@@ -44,7 +44,13 @@ fn free_port() -> u16 {
 }
 
 /// The configuration both servers run; only the port differs.
-fn nginx_conf(dir: &Path, port: u16, echo: SocketAddr, grpc: SocketAddr) -> String {
+fn nginx_conf(
+    dir: &Path,
+    port: u16,
+    echo: SocketAddr,
+    echo_tls: SocketAddr,
+    grpc: SocketAddr,
+) -> String {
     let d = dir.display();
     format!(
         r#"
@@ -68,6 +74,7 @@ http {{
     upstream deck {{ server {echo}; }}
     upstream gate {{ server 127.0.0.1:1 down; server {echo}; }}
     upstream agents {{ server {grpc}; }}
+    upstream deck_tls {{ server {echo_tls}; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -82,6 +89,19 @@ http {{
         location /slow {{
             proxy_pass http://deck;
             proxy_read_timeout 1s;
+        }}
+        location /tls/ {{
+            proxy_pass https://deck_tls/;
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {d}/upstream-ca.crt;
+            proxy_ssl_name upstream.internal;
+            proxy_ssl_server_name on;
+        }}
+        location /tls-wrong-name/ {{
+            proxy_pass https://deck_tls/;
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {d}/upstream-ca.crt;
+            proxy_ssl_name other.internal;
         }}
         location /ws {{
             proxy_pass http://deck;
@@ -125,6 +145,41 @@ http {{
 }
 
 // ---------------------------------------------------------------- upstreams
+
+/// The HTTP/1.1 echo over TLS, presenting `dir/upstream.crt`.
+async fn echo_tls_server(dir: &Path) -> SocketAddr {
+    let config = spinlink_tls::config::server_config(
+        spinlink_tls::config::ServerFiles {
+            cert: &dir.join("upstream.crt"),
+            key: &dir.join("upstream.key"),
+            client_ca: None,
+        },
+        spinlink_tls::config::ClientAuth::Off,
+        &[b"http/1.1"],
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = tcp.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(echo);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
 
 /// HTTP/1.1 echo: the body names what the upstream saw.
 async fn echo_server() -> SocketAddr {
@@ -689,13 +744,31 @@ async fn nginx_and_the_gateway_answer_alike() {
     let good = ClientCert::from_files(&d.join("client.crt"), &d.join("client.key"));
     let bad = ClientCert::from_files(&d.join("intruder.crt"), &d.join("intruder.key"));
 
+    // An upstream speaking TLS under a name of its own CA.
+    let upstream_ca = DevCa::generate("upstream CA").unwrap();
+    std::fs::write(d.join("upstream-ca.crt"), upstream_ca.cert_pem()).unwrap();
+    upstream_ca
+        .issue(&Leaf::server("upstream.internal").with_dns("upstream.internal"))
+        .unwrap()
+        .write(d, "upstream")
+        .unwrap();
+
     let echo = echo_server().await;
+    let echo_tls = echo_tls_server(d).await;
     let grpc_addr = grpc_server().await;
     let (nginx_port, gw_port) = (free_port(), free_port());
     let nginx_conf_path: PathBuf = d.join("nginx.conf");
-    std::fs::write(&nginx_conf_path, nginx_conf(d, nginx_port, echo, grpc_addr)).unwrap();
+    std::fs::write(
+        &nginx_conf_path,
+        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr),
+    )
+    .unwrap();
     let gw_conf_path: PathBuf = d.join("gateway-nginx.conf");
-    std::fs::write(&gw_conf_path, nginx_conf(d, gw_port, echo, grpc_addr)).unwrap();
+    std::fs::write(
+        &gw_conf_path,
+        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr),
+    )
+    .unwrap();
 
     let _nginx = Nginx(
         std::process::Command::new(NGINX)
@@ -733,6 +806,21 @@ async fn nginx_and_the_gateway_answer_alike() {
     let cases: Vec<(&str, Req, bool)> = vec![
         ("ui", Req::get("deck.test", "/index.html?x=1"), false),
         ("ui h2", Req::get("deck.test", "/index.html?x=1"), true),
+        (
+            "tls upstream, verified",
+            Req::get("deck.test", "/tls/index.html"),
+            false,
+        ),
+        (
+            "tls upstream, verified h2",
+            Req::get("deck.test", "/tls/index.html"),
+            true,
+        ),
+        (
+            "tls upstream, wrong name",
+            Req::get("deck.test", "/tls-wrong-name/x"),
+            false,
+        ),
         (
             "api prefix rewrite",
             Req::get("api.test", "/api/v1/applications"),

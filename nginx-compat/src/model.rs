@@ -177,11 +177,44 @@ pub struct Location {
     /// (nginx's default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_max_body_size: Option<u64>,
+    /// TLS to the upstream, for an `https://` or `grpcs://` target: the
+    /// effective `proxy_ssl_*` (or `grpc_ssl_*`) settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_tls: Option<UpstreamTls>,
     /// Nested locations, searched after this one matched.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locations: Vec<Location>,
     /// Where the `location` directive is.
     pub source: String,
+}
+
+/// How the gateway speaks TLS to an upstream: `proxy_ssl_*` for
+/// `proxy_pass https://`, `grpc_ssl_*` for `grpc_pass grpcs://`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// `proxy_ssl_verify`; `None` when not written. nginx then does not
+    /// verify; the gateway does (against `trusted_certificate`, else the
+    /// system's roots), and only an explicit `off` turns verification off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<bool>,
+    /// `proxy_ssl_trusted_certificate`: the CA bundle upstream certificates
+    /// are verified against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_certificate: Option<String>,
+    /// `proxy_ssl_server_name`: send the name as SNI (default off).
+    #[serde(default)]
+    pub server_name: bool,
+    /// `proxy_ssl_name`: the name verified and sent; default the host of the
+    /// pass directive (the `upstream` block's name for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `proxy_ssl_certificate`: the gateway's client certificate chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    /// `proxy_ssl_certificate_key`: its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_key: Option<String>,
 }
 
 /// How a location matches the request path.

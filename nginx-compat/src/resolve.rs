@@ -45,6 +45,35 @@ struct Conf {
     verify: Option<VerifyClient>,
     protocols: Option<Vec<TlsProtocol>>,
     http2: Option<bool>,
+    proxy_tls: UpTls,
+    grpc_tls: UpTls,
+}
+
+/// `proxy_ssl_*` or `grpc_ssl_*` of one level.
+#[derive(Debug, Clone, Default)]
+struct UpTls {
+    verify: Option<bool>,
+    trusted: Option<String>,
+    server_name: Option<bool>,
+    name: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl UpTls {
+    fn merge(&mut self, parent: &UpTls) {
+        fn or<T: Clone>(child: &mut Option<T>, parent: &Option<T>) {
+            if child.is_none() {
+                child.clone_from(parent);
+            }
+        }
+        or(&mut self.verify, &parent.verify);
+        or(&mut self.trusted, &parent.trusted);
+        or(&mut self.server_name, &parent.server_name);
+        or(&mut self.name, &parent.name);
+        or(&mut self.cert, &parent.cert);
+        or(&mut self.key, &parent.key);
+    }
 }
 
 impl Conf {
@@ -67,6 +96,8 @@ impl Conf {
         or(&mut self.verify, &parent.verify);
         or(&mut self.protocols, &parent.protocols);
         or(&mut self.http2, &parent.http2);
+        self.proxy_tls.merge(&parent.proxy_tls);
+        self.grpc_tls.merge(&parent.grpc_tls);
         self
     }
 }
@@ -391,6 +422,41 @@ impl Resolver<'_> {
             "http2" => {
                 let on = values::parse_flag(arg0(d)).unwrap_or_default();
                 set_once(&mut conf.http2, on, d)?;
+            }
+            name if name.starts_with("proxy_ssl_") || name.starts_with("grpc_ssl_") => {
+                let (tls, setting) = match name.strip_prefix("proxy_ssl_") {
+                    Some(rest) => (&mut conf.proxy_tls, rest),
+                    None => (&mut conf.grpc_tls, &name["grpc_ssl_".len()..]),
+                };
+                match setting {
+                    "verify" => {
+                        let on = values::parse_flag(arg0(d)).unwrap_or_default();
+                        set_once(&mut tls.verify, on, d)?;
+                    }
+                    "server_name" => {
+                        let on = values::parse_flag(arg0(d)).unwrap_or_default();
+                        set_once(&mut tls.server_name, on, d)?;
+                    }
+                    "trusted_certificate" => {
+                        let path = self.full_path(arg0(d));
+                        set_once(&mut tls.trusted, path, d)?;
+                    }
+                    "certificate" => {
+                        let path = self.full_path(arg0(d));
+                        set_once(&mut tls.cert, path, d)?;
+                    }
+                    "certificate_key" => {
+                        let path = self.full_path(arg0(d));
+                        set_once(&mut tls.key, path, d)?;
+                    }
+                    "name" => {
+                        if arg0(d).contains('$') {
+                            return Err(outside(format!("variables in \"{name}\""), &d.span));
+                        }
+                        set_once(&mut tls.name, arg0(d).to_string(), d)?;
+                    }
+                    _ => return Ok(false),
+                }
             }
             _ => return Ok(false),
         }
@@ -770,6 +836,11 @@ impl Resolver<'_> {
             (eff.proxy_headers.clone(), eff.proxy_read_timeout)
         };
         let body = eff.body.unwrap_or(DEFAULT_CLIENT_MAX_BODY_SIZE);
+        let upstream_tls = match target.as_ref().map(|t| t.protocol) {
+            Some(Protocol::Https) => Some(upstream_tls(&eff.proxy_tls, "proxy", &d.span)?),
+            Some(Protocol::Grpcs) => Some(upstream_tls(&eff.grpc_tls, "grpc", &d.span)?),
+            _ => None,
+        };
         let locations = self.locations(&nested, &eff, Some((kind, &path)))?;
         Ok(Location {
             match_kind: kind,
@@ -778,6 +849,7 @@ impl Resolver<'_> {
             headers: headers.unwrap_or_default(),
             read_timeout_ms: timeout.unwrap_or(DEFAULT_READ_TIMEOUT_MS),
             client_max_body_size: (body != 0).then_some(body),
+            upstream_tls,
             locations,
             source: d.span.to_string(),
         })
@@ -949,6 +1021,34 @@ fn tls(eff: &Conf, span: &Span) -> Result<Tls> {
             .protocols
             .clone()
             .unwrap_or_else(|| DEFAULT_TLS_PROTOCOLS.to_vec()),
+    })
+}
+
+/// The effective upstream TLS settings of a TLS location, checked as
+/// nginx checks them when it sets up the location's SSL context
+/// (`ngx_http_proxy_set_ssl`, `ngx_http_grpc_set_ssl`).
+fn upstream_tls(t: &UpTls, family: &str, span: &Span) -> Result<UpstreamTls> {
+    if let Some(cert) = &t.cert
+        && t.key.is_none()
+    {
+        return Err(invalid(
+            format!("no \"{family}_ssl_certificate_key\" is defined for certificate \"{cert}\""),
+            span,
+        ));
+    }
+    if t.verify == Some(true) && t.trusted.is_none() {
+        return Err(invalid(
+            format!("no {family}_ssl_trusted_certificate for {family}_ssl_verify"),
+            span,
+        ));
+    }
+    Ok(UpstreamTls {
+        verify: t.verify,
+        trusted_certificate: t.trusted.clone(),
+        server_name: t.server_name.unwrap_or(false),
+        name: t.name.clone(),
+        certificate: t.cert.clone(),
+        certificate_key: t.key.clone(),
     })
 }
 

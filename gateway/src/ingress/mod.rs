@@ -23,6 +23,7 @@
 pub mod from_nginx;
 pub mod proxy;
 pub mod tls;
+pub mod upstream_tls;
 pub mod vars;
 
 use std::collections::HashMap;
@@ -186,7 +187,7 @@ impl Ingress {
         if model.servers.is_empty() {
             return Err(err("servers", "at least one server is required"));
         }
-        let mut pools: HashMap<(String, bool), Arc<Pool>> = HashMap::new();
+        let mut pools: HashMap<(String, bool, String), Arc<Pool>> = HashMap::new();
         let mut servers = Vec::with_capacity(model.servers.len());
         let mut default = None;
         let tls_any = model
@@ -419,22 +420,13 @@ fn compile_location(
     model: &nginx::Ingress,
     l: &nginx::Location,
     key: &str,
-    pools: &mut HashMap<(String, bool), Arc<Pool>>,
+    pools: &mut HashMap<(String, bool, String), Arc<Pool>>,
 ) -> Result<Route, CompileError> {
     let target = match &l.target {
         None => None,
         Some(t) => {
             let grpc = matches!(t.protocol, nginx::Protocol::Grpc | nginx::Protocol::Grpcs);
-            if matches!(t.protocol, nginx::Protocol::Https | nginx::Protocol::Grpcs) {
-                return Err(err(
-                    format!("{key}.target.protocol"),
-                    format!(
-                        "({}) TLS to upstreams (https://, grpcs://) is not served yet; \
-                         use http:// or grpc:// (docs/ingress.md)",
-                        l.source
-                    ),
-                ));
-            }
+            let tls_wanted = matches!(t.protocol, nginx::Protocol::Https | nginx::Protocol::Grpcs);
             let (name, servers) = match &t.backend {
                 nginx::Backend::Upstream { name } => {
                     let u = model.upstream(name).ok_or_else(|| {
@@ -458,9 +450,31 @@ fn compile_location(
                     }],
                 ),
             };
+            // YAML configurations may leave `upstreamTls` out: nginx's
+            // defaults then, as the nginx reader would give.
+            let upstream_tls = if tls_wanted {
+                let host = match &t.backend {
+                    nginx::Backend::Upstream { name } => name.as_str(),
+                    nginx::Backend::Address { host, .. } => host.as_str(),
+                };
+                let family = if grpc { "grpc" } else { "proxy" };
+                let settings = l.upstream_tls.clone().unwrap_or_default();
+                Some(upstream_tls::load(&settings, host, family).map_err(|m| {
+                    err(format!("{key}.upstreamTls"), format!("({}) {m}", l.source))
+                })?)
+            } else {
+                None
+            };
+            // Locations sharing an upstream share its pool (and so its
+            // passive health) when they speak to it alike.
+            let pool_key = (
+                name.clone(),
+                grpc,
+                format!("{:?}", l.upstream_tls.as_ref().filter(|_| tls_wanted)),
+            );
             let pool = pools
-                .entry((name.clone(), grpc))
-                .or_insert_with(|| Arc::new(Pool::new(&name, &servers, grpc)))
+                .entry(pool_key)
+                .or_insert_with(|| Arc::new(Pool::new(&name, &servers, grpc, upstream_tls)))
                 .clone();
             if pool.is_empty() {
                 return Err(err(

@@ -5,7 +5,14 @@
 //! never) and a pooled hyper client: HTTP/1.1 for `proxy_pass http://`, h2c
 //! with prior knowledge for `grpc_pass grpc://`. A server that refuses the
 //! connection is skipped for the next one when the request has no body to
-//! replay (nginx's `proxy_next_upstream error`).
+//! replay (nginx's `proxy_next_upstream error`). `proxy_pass https://` and
+//! `grpc_pass grpcs://` pools speak TLS ([`super::upstream_tls`]).
+//!
+//! Passive health as nginx's `max_fails` / `fail_timeout`: a server that
+//! fails (refused, errored or timed out) `max_fails` times within
+//! `fail_timeout` is skipped for the next `fail_timeout`; a success clears
+//! its count. A pool of one server never skips it (as nginx); when every
+//! server is down the answer is 502.
 //!
 //! [`forward`] rewrites the URI as `proxy_pass` with a URI part does, drops
 //! hop-by-hop headers, adds `X-Forwarded-For/-Proto/-Host`, applies the
@@ -14,8 +21,10 @@
 //! read timeout for the response head (504) and between body frames, and
 //! splices an HTTP/1.1 `Upgrade` (WebSocket) through once both sides agree.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -26,10 +35,14 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use tokio::time::Instant;
+
+use super::upstream_tls::UpstreamTls;
 use super::vars::{Template, Vars};
 use super::{Body, ConnInfo, error_page};
 
@@ -49,15 +62,101 @@ pub struct Pool {
     ring: Vec<SocketAddrOrName>,
     backups: Vec<SocketAddrOrName>,
     next: AtomicUsize,
-    client: Client<HttpConnector, ReqBody>,
+    client: UpstreamClient,
+    /// Passive health per distinct server.
+    health: HashMap<SocketAddrOrName, Health>,
+}
+
+/// The pooled client: clear text, or TLS to the pool's servers.
+#[derive(Debug)]
+enum UpstreamClient {
+    Plain(Client<HttpConnector, ReqBody>),
+    Tls(Client<HttpsConnector<HttpConnector>, ReqBody>),
+}
+
+impl UpstreamClient {
+    fn scheme(&self) -> &'static str {
+        match self {
+            Self::Plain(_) => "http",
+            Self::Tls(_) => "https",
+        }
+    }
+
+    async fn request(
+        &self,
+        req: Request<ReqBody>,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            Self::Plain(c) => c.request(req).await,
+            Self::Tls(c) => c.request(req).await,
+        }
+    }
+}
+
+/// One server's `max_fails` / `fail_timeout` state.
+#[derive(Debug)]
+struct Health {
+    max_fails: u32,
+    fail_timeout: Duration,
+    state: Mutex<HealthState>,
+}
+
+#[derive(Debug, Default)]
+struct HealthState {
+    fails: u32,
+    /// When the first failure of the current count happened.
+    first_fail: Option<Instant>,
+    down_until: Option<Instant>,
+}
+
+impl Health {
+    fn is_down(&self, now: Instant) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.down_until.is_some_and(|t| now < t)
+    }
+
+    fn failed(&self, now: Instant) -> bool {
+        if self.max_fails == 0 {
+            return false;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state
+            .first_fail
+            .is_none_or(|t| now.duration_since(t) >= self.fail_timeout)
+        {
+            state.fails = 0;
+            state.first_fail = Some(now);
+        }
+        state.fails += 1;
+        if state.fails >= self.max_fails {
+            state.down_until = Some(now + self.fail_timeout);
+            state.fails = 0;
+            state.first_fail = None;
+            return true;
+        }
+        false
+    }
+
+    fn succeeded(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.fails = 0;
+        state.first_fail = None;
+        state.down_until = None;
+    }
 }
 
 /// `host:port` as the client dials it.
 type SocketAddrOrName = String;
 
 impl Pool {
-    /// A pool of `servers`; `h2` speaks h2c with prior knowledge.
-    pub fn new(name: &str, servers: &[spinlink_nginx_compat::UpstreamServer], h2: bool) -> Self {
+    /// A pool of `servers`; `h2` speaks HTTP/2 with prior knowledge (h2c),
+    /// or negotiated by ALPN over `tls`.
+    pub fn new(
+        name: &str,
+        servers: &[spinlink_nginx_compat::UpstreamServer],
+        h2: bool,
+        tls: Option<UpstreamTls>,
+    ) -> Self {
         let addr = |s: &spinlink_nginx_compat::UpstreamServer| {
             if s.host.contains(':') {
                 format!("[{}]:{}", s.host, s.port)
@@ -67,7 +166,13 @@ impl Pool {
         };
         let mut ring = Vec::new();
         let mut backups = Vec::new();
+        let mut health = HashMap::new();
         for s in servers.iter().filter(|s| !s.down) {
+            health.entry(addr(s)).or_insert_with(|| Health {
+                max_fails: s.max_fails,
+                fail_timeout: Duration::from_millis(s.fail_timeout_ms),
+                state: Mutex::default(),
+            });
             if s.backup {
                 backups.push(addr(s));
             } else {
@@ -83,12 +188,29 @@ impl Pool {
         builder
             .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
             .http2_only(h2);
+        let client = match tls {
+            None => UpstreamClient::Plain(builder.build(connector)),
+            Some(tls) => {
+                connector.enforce_http(false);
+                let https = HttpsConnectorBuilder::new()
+                    .with_tls_config(tls.config)
+                    .https_only()
+                    .with_server_name_resolver(FixedServerNameResolver::new(tls.name));
+                let https = if h2 {
+                    https.enable_http2().wrap_connector(connector)
+                } else {
+                    https.enable_http1().wrap_connector(connector)
+                };
+                UpstreamClient::Tls(builder.build(https))
+            }
+        };
         Self {
             name: name.to_owned(),
             ring,
             backups,
             next: AtomicUsize::new(0),
-            client: builder.build(connector),
+            client,
+            health,
         }
     }
 
@@ -97,8 +219,39 @@ impl Pool {
         self.ring.is_empty() && self.backups.is_empty()
     }
 
+    /// Counts a failed attempt on `addr` (for `max_fails`).
+    fn failed(&self, addr: &str) {
+        if let Some(h) = self.health.get(addr)
+            && self.health.len() > 1
+            && h.failed(Instant::now())
+        {
+            tracing::warn!(
+                upstream = addr,
+                pool = self.name,
+                seconds = h.fail_timeout.as_secs_f64(),
+                "upstream server marked down (max_fails reached)"
+            );
+        }
+    }
+
+    /// Clears `addr`'s failures.
+    fn succeeded(&self, addr: &str) {
+        if let Some(h) = self.health.get(addr) {
+            h.succeeded();
+        }
+    }
+
+    /// Live servers in the order this request tries them.
+    fn order(&self) -> Vec<&str> {
+        let now = Instant::now();
+        let live = |a: &&str| {
+            self.health.len() <= 1 || !self.health.get(*a).is_some_and(|h| h.is_down(now))
+        };
+        self.all_in_order().filter(live).collect()
+    }
+
     /// Servers in the order this request tries them.
-    fn order(&self) -> impl Iterator<Item = &str> {
+    fn all_in_order(&self) -> impl Iterator<Item = &str> {
         let n = self.ring.len();
         let start = if n == 0 {
             0
@@ -271,8 +424,14 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     });
 
     let mut last_error = None;
-    for addr in ctx.pool.order() {
-        let uri: Uri = match format!("http://{addr}{path}").parse() {
+    let order = ctx.pool.order();
+    if order.is_empty() {
+        tracing::warn!(pool = ctx.pool.name, "no live upstreams");
+        return error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway");
+    }
+    let scheme = ctx.pool.client.scheme();
+    for addr in order {
+        let uri: Uri = match format!("{scheme}://{addr}{path}").parse() {
             Ok(u) => u,
             Err(_) => return error_page(StatusCode::BAD_REQUEST, "400 Bad Request"),
         };
@@ -295,10 +454,12 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         match sent {
             Err(_) => {
                 tracing::info!(upstream = addr, "upstream timed out");
+                ctx.pool.failed(addr);
                 return error_page(StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
             }
             Ok(Err(e)) if e.is_connect() && !has_body => {
                 tracing::info!(upstream = addr, error = %e, "upstream refused; trying the next");
+                ctx.pool.failed(addr);
                 last_error = Some(e);
                 continue;
             }
@@ -311,6 +472,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     too_large |= s.to_string() == BODY_TOO_LARGE;
                     source = s.source();
                 }
+                if !too_large {
+                    ctx.pool.failed(addr);
+                }
                 return if too_large {
                     error_page(
                         StatusCode::PAYLOAD_TOO_LARGE,
@@ -321,6 +485,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                 };
             }
             Ok(Ok(mut resp)) => {
+                ctx.pool.succeeded(addr);
                 if let Some(client_upgrade) = client_upgrade
                     && resp.status() == StatusCode::SWITCHING_PROTOCOLS
                 {
@@ -474,9 +639,70 @@ mod tests {
                 s(4, 1, false, true),
             ],
             false,
+            None,
         );
         assert_eq!(pool.ring.len(), 3);
-        let order: Vec<&str> = pool.order().collect();
-        assert_eq!(order, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        assert_eq!(pool.order(), ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+    }
+
+    fn server(port: u16, max_fails: u32) -> spinlink_nginx_compat::UpstreamServer {
+        spinlink_nginx_compat::UpstreamServer {
+            host: "127.0.0.1".into(),
+            port,
+            weight: 1,
+            max_fails,
+            fail_timeout_ms: 10_000,
+            backup: false,
+            down: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_fails_within_fail_timeout_marks_a_server_down_for_fail_timeout() {
+        let pool = Pool::new("p", &[server(1, 2), server(2, 2)], false, None);
+        fn both(pool: &Pool) -> Vec<&str> {
+            let mut o = pool.order();
+            o.sort_unstable();
+            o
+        }
+        pool.failed("127.0.0.1:1");
+        assert_eq!(
+            both(&pool),
+            ["127.0.0.1:1", "127.0.0.1:2"],
+            "one of two fails"
+        );
+        // The second failure comes after the window: the count starts over.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        pool.failed("127.0.0.1:1");
+        assert_eq!(both(&pool).len(), 2);
+        pool.failed("127.0.0.1:1");
+        assert_eq!(pool.order(), ["127.0.0.1:2"], "two within 10 s: down");
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(pool.order(), ["127.0.0.1:2"]);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(both(&pool).len(), 2, "back after fail_timeout");
+        // A success clears the count.
+        pool.failed("127.0.0.1:2");
+        pool.succeeded("127.0.0.1:2");
+        pool.failed("127.0.0.1:2");
+        assert_eq!(both(&pool).len(), 2);
+        // Every server down: nothing to try.
+        pool.failed("127.0.0.1:2");
+        pool.failed("127.0.0.1:1");
+        pool.failed("127.0.0.1:1");
+        assert!(pool.order().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_server_or_max_fails_zero_is_never_marked_down() {
+        let lone = Pool::new("p", &[server(1, 1)], false, None);
+        lone.failed("127.0.0.1:1");
+        lone.failed("127.0.0.1:1");
+        assert_eq!(lone.order(), ["127.0.0.1:1"]);
+        let zero = Pool::new("p", &[server(1, 0), server(2, 1)], false, None);
+        for _ in 0..5 {
+            zero.failed("127.0.0.1:1");
+        }
+        assert!(zero.order().contains(&"127.0.0.1:1"));
     }
 }

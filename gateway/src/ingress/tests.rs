@@ -91,9 +91,13 @@ fn compile_errors_name_the_key_and_the_reason() {
         "{e}"
     );
 
-    let e = compile("server { listen 80; location / { proxy_pass https://127.0.0.1:9; } }")
-        .unwrap_err();
-    assert_eq!(e.key, "servers[0].locations[0].target.protocol");
+    let e = compile(
+        "server { listen 80; location / { proxy_pass https://127.0.0.1:9; \
+         proxy_ssl_trusted_certificate /nonexistent/ca.pem; } }",
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "servers[0].locations[0].upstreamTls");
+    assert!(e.message.contains("/nonexistent/ca.pem"), "{e}");
 
     let e = compile("server { listen 80; } server { listen 81; }").unwrap_err();
     assert_eq!(e.key, "servers");
@@ -422,6 +426,154 @@ server {{
     // The agent path serves the tunnel only, not the ingress routes.
     let t = tls_request(addr, "127.0.0.1", &pki, Some("agent-a1"), "/ui/x").await;
     assert_eq!(t, Some((StatusCode::OK, Some("12".into()))));
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("drains")
+        .unwrap()
+        .unwrap();
+}
+
+/// A TLS upstream answering `<client-cert or ->\n<method> <path>`, serving
+/// HTTP/1.1 or, with `h2`, HTTP/2 (ALPN), and asking for an optional client
+/// certificate signed by the dev CA.
+async fn tls_echo(pki: &spinlink_tls::dev::DevPki, name: &str, h2: bool) -> std::net::SocketAddr {
+    use spinlink_tls::config::{ClientAuth, ServerFiles, server_config};
+    let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+    let config = server_config(
+        ServerFiles {
+            cert: &pki.cert(name),
+            key: &pki.key(name),
+            client_ca: Some(&pki.ca_cert()),
+        },
+        ClientAuth::Optional,
+        alpn,
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let client = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .map_or("-", |_| "client-cert");
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let text = format!("{client}\n{} {}\n", req.method(), req.uri().path());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                            text,
+                        ))))
+                    }
+                });
+                let io = TokioIo::new(tls);
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(io, svc)
+                    .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `proxy_pass https://` and `grpc_pass grpcs://`: the upstream certificate
+/// verified against `proxy_ssl_trusted_certificate` under `proxy_ssl_name`
+/// (or the upstream block's name), refused with 502 when it does not match
+/// unless `proxy_ssl_verify off`, and the gateway's client certificate
+/// presented when configured.
+#[tokio::test]
+async fn tls_upstreams_are_verified_and_can_present_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = spinlink_tls::dev::DevPki::ensure(dir.path(), &[]).unwrap();
+    let ca = pki.ca_cert();
+    // The dev PKI's sidecar certificate names `localhost` and 127.0.0.1; the
+    // gateway's is a client certificate too.
+    let (server_name, client_name) = ("sidecar", "gateway");
+    let h1 = tls_echo(&pki, server_name, false).await;
+    let h2 = tls_echo(&pki, server_name, true).await;
+    let (cert, key) = (pki.cert(client_name), pki.key(client_name));
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream localhost {{ server {h1}; }}
+upstream wrong {{ server {h1}; }}
+upstream grpc_up {{ server {h2}; }}
+proxy_ssl_trusted_certificate {ca};
+grpc_ssl_trusted_certificate {ca};
+server {{
+    listen 127.0.0.1:{port};
+    location /named/ {{ proxy_pass https://localhost; }}
+    location /cert/ {{ proxy_pass https://wrong; proxy_ssl_name localhost;
+        proxy_ssl_certificate {cert}; proxy_ssl_certificate_key {key}; }}
+    location /wrong/ {{ proxy_pass https://wrong; }}
+    location /unverified/ {{ proxy_pass https://wrong; proxy_ssl_verify off; }}
+    location /grpc/ {{ grpc_pass grpcs://grpc_up; grpc_ssl_name localhost; }}
+}}
+}}"#,
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    let config =
+        crate::Config::from_yaml_str(&format!("{yaml}shutdownGraceSeconds: 1\n"), "t").unwrap();
+    let gateway = crate::Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(gateway.run(shutdown.clone()));
+
+    let get = |path: &str| {
+        Request::get(path)
+            .header("host", "app.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let (status, _, body) = http1(addr, get("/named/x")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "-\nGET /named/x\n")
+    );
+    let (status, _, body) = http1(addr, get("/cert/x")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "client-cert\nGET /cert/x\n"),
+        "the client certificate reaches the upstream"
+    );
+    let (status, _, body) = http1(addr, get("/wrong/x")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let (status, _, body) = http1(addr, get("/unverified/x")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "-\nGET /unverified/x\n")
+    );
+    let req = Request::post("/grpc/Echo")
+        .header("host", "app.test")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = http1(addr, req).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "-\nPOST /grpc/Echo\n")
+    );
 
     shutdown.cancel();
     tokio::time::timeout(std::time::Duration::from_secs(10), run)

@@ -632,6 +632,84 @@ fn client_max_body_size_inherits_and_zero_means_unlimited() {
 }
 
 #[test]
+fn upstream_tls_settings_inherit_per_family() {
+    // Plain targets carry none.
+    assert_eq!(
+        location("proxy_ssl_verify off; location / { proxy_pass http://a:1; }").upstream_tls,
+        None
+    );
+    // Nothing written: nginx's defaults, `verify` left unset.
+    assert_eq!(
+        location("location / { proxy_pass https://a:1; }").upstream_tls,
+        Some(UpstreamTls::default())
+    );
+    let p = ok("proxy_ssl_server_name on;
+                proxy_ssl_trusted_certificate ca.pem;
+                grpc_ssl_name grpc.internal;
+                server { listen 80;
+                    location /a { proxy_pass https://a:1; proxy_ssl_verify on; proxy_ssl_name a.internal; }
+                    location /g { grpc_pass grpcs://g:1; grpc_ssl_certificate c.pem; grpc_ssl_certificate_key k.pem; }
+                    location /off { proxy_pass https://a:1; proxy_ssl_verify off; }
+                }");
+    let l = &p.ingress.servers[0].locations;
+    assert_eq!(
+        l[0].upstream_tls,
+        Some(UpstreamTls {
+            verify: Some(true),
+            trusted_certificate: Some("/etc/nginx/ca.pem".into()),
+            server_name: true,
+            name: Some("a.internal".into()),
+            certificate: None,
+            certificate_key: None,
+        })
+    );
+    // A grpcs location reads the grpc_ssl_* family only.
+    assert_eq!(
+        l[1].upstream_tls,
+        Some(UpstreamTls {
+            verify: None,
+            trusted_certificate: None,
+            server_name: false,
+            name: Some("grpc.internal".into()),
+            certificate: Some("/etc/nginx/c.pem".into()),
+            certificate_key: Some("/etc/nginx/k.pem".into()),
+        })
+    );
+    assert_eq!(l[2].upstream_tls.as_ref().unwrap().verify, Some(false));
+}
+
+#[test]
+fn upstream_tls_errors() {
+    assert_eq!(
+        err("server { location / { proxy_pass https://a:1; proxy_ssl_verify on; } }"),
+        format!(
+            "no proxy_ssl_trusted_certificate for proxy_ssl_verify {}",
+            at(3)
+        )
+    );
+    assert_eq!(
+        err("server { location / { grpc_pass grpcs://a:1; grpc_ssl_certificate c.pem; } }"),
+        format!(
+            "no \"grpc_ssl_certificate_key\" is defined for certificate \"/etc/nginx/c.pem\" {}",
+            at(3)
+        )
+    );
+    assert_eq!(
+        err("proxy_ssl_verify on;\nproxy_ssl_verify on;"),
+        format!("\"proxy_ssl_verify\" directive is duplicate {}", at(4))
+    );
+    assert!(err("proxy_ssl_name $host;").contains("variables in \"proxy_ssl_name\""));
+    // Checked only where TLS is spoken, as nginx does.
+    assert!(
+        parse_with(
+            "proxy_ssl_verify on; server { location / { proxy_pass http://a:1; } }",
+            &Options::new()
+        )
+        .is_ok()
+    );
+}
+
+#[test]
 fn settings_after_a_nested_block_still_apply_to_it() {
     let l = location("location / { proxy_pass http://a:1; } proxy_read_timeout 7s;");
     assert_eq!(l.read_timeout_ms, 7_000);
