@@ -36,6 +36,8 @@ pub struct Gateway {
     stats: Arc<Stats>,
     admin: Option<AdminServer>,
     reloader: Option<TlsReloader>,
+    /// The ingress whose servers' certificates reload, and how often.
+    ingress_reload: Option<(Arc<crate::ingress::Ingress>, Duration)>,
     dns: Vec<DnsDiscovery>,
     watches: Vec<EndpointSliceDiscovery>,
     health: HealthChecker,
@@ -189,10 +191,24 @@ impl Gateway {
             _ => None,
         };
         let mut settings = Settings::from_config(&config.listener, config.shutdown_grace());
+        let mut ingress_reload = None;
         if let Some(model) = &config.ingress {
-            let ingress = crate::ingress::Ingress::compile(model)
-                .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?;
-            settings = settings.with_ingress(Arc::new(ingress));
+            let ingress = Arc::new(
+                crate::ingress::Ingress::compile(model)
+                    .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?,
+            );
+            // Ingress servers' certificates reload like the listener's own,
+            // at its `tls.reloadIntervalSeconds` (0 turns both off).
+            let seconds = config
+                .tls
+                .as_ref()
+                .map_or(crate::config::DEFAULT_TLS_RELOAD_INTERVAL_SECONDS, |t| {
+                    t.reload_interval_seconds
+                });
+            if ingress.is_tls() && seconds > 0 {
+                ingress_reload = Some((ingress.clone(), Duration::from_secs(seconds)));
+            }
+            settings = settings.with_ingress(ingress);
         }
         Ok(Gateway {
             upstreams: upstreams.clone(),
@@ -205,6 +221,7 @@ impl Gateway {
             stats,
             admin,
             reloader,
+            ingress_reload,
         })
     }
 
@@ -238,6 +255,11 @@ impl Gateway {
         let mut tasks = Vec::new();
         if let Some(reloader) = self.reloader {
             tasks.push(tokio::spawn(reloader.run(stopped.clone())));
+        }
+        if let Some((ingress, interval)) = self.ingress_reload {
+            tasks.push(tokio::spawn(
+                ingress.run_tls_reloader(interval, stopped.clone()),
+            ));
         }
         for dns in self.dns {
             tasks.push(tokio::spawn(dns.run(stopped.clone())));

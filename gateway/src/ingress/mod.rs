@@ -39,7 +39,7 @@ use spinlink_nginx_compat as nginx;
 use spinlink_nginx_compat::{MatchKind, VerifyClient};
 
 use self::proxy::Pool;
-use self::tls::{ClientVerify, ServerTlsConfig};
+use self::tls::{ClientVerify, Reload, ReloadingServerTls, ServerTlsConfig};
 use self::vars::Template;
 
 /// A configuration error: the key under `ingress` and what is wrong.
@@ -122,7 +122,7 @@ struct VServer {
     names: Vec<Name>,
     first_name: String,
     verify: VerifyClient,
-    tls: Option<Arc<ServerTlsConfig>>,
+    tls: Option<ReloadingServerTls>,
     routes: Vec<Route>,
 }
 
@@ -230,11 +230,10 @@ impl Ingress {
             }
             let http2 = s.http2 || s.listens.iter().any(|l| l.http2);
             let tls = match (&s.tls, ssl) {
-                (Some(t), true) => {
-                    Some(Arc::new(ServerTlsConfig::load(t, http2).map_err(|m| {
-                        err(format!("{key}.tls"), format!("({}) {m}", s.source))
-                    })?))
-                }
+                (Some(t), true) => Some(
+                    ReloadingServerTls::load(t, http2)
+                        .map_err(|m| err(format!("{key}.tls"), format!("({}) {m}", s.source)))?,
+                ),
                 (None, true) => {
                     return Err(err(
                         format!("{key}.tls"),
@@ -314,7 +313,7 @@ impl Ingress {
         let i = sni
             .and_then(|n| self.find_server(n))
             .unwrap_or(self.default);
-        let tls = self.servers[i].tls.clone()?;
+        let tls = self.servers[i].tls.as_ref()?.current();
         Some((i, tls))
     }
 
@@ -323,7 +322,55 @@ impl Ingress {
         self.servers[i]
             .tls
             .as_ref()
-            .map_or(ClientVerify::None, |t| t.verify_peer(chain))
+            .map_or(ClientVerify::None, |t| t.current().verify_peer(chain))
+    }
+
+    /// Re-reads every server's certificate files and puts changed, valid
+    /// ones in service (new handshakes only); returns how many changed.
+    pub fn reload_tls(&self) -> usize {
+        let mut reloaded = 0;
+        for s in &self.servers {
+            let Some(tls) = &s.tls else { continue };
+            match tls.reload() {
+                Reload::Unchanged => {}
+                Reload::Reloaded => {
+                    reloaded += 1;
+                    tracing::info!(
+                        server = s.first_name,
+                        cert = tls.certificate_file(),
+                        "ingress certificate reloaded"
+                    );
+                }
+                Reload::Refused(e) => tracing::error!(
+                    server = s.first_name,
+                    cert = tls.certificate_file(),
+                    error = %e,
+                    "new ingress certificate files refused; still serving the previous ones"
+                ),
+            }
+        }
+        reloaded
+    }
+
+    /// Calls [`Ingress::reload_tls`] every `interval` until `shutdown`.
+    pub async fn run_tls_reloader(
+        self: Arc<Self>,
+        interval: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let this = self.clone();
+                    // File reads and certificate parsing off the runtime.
+                    let _ = tokio::task::spawn_blocking(move || this.reload_tls()).await;
+                }
+            }
+        }
     }
 
     /// Whether some location claims `(host, path)` — otherwise the listener

@@ -582,3 +582,157 @@ server {{
         .unwrap()
         .unwrap();
 }
+
+/// The certificate a TLS handshake with `addr` under `name` is served.
+async fn served_cert(addr: std::net::SocketAddr, pki: &spinlink_tls::dev::DevPki) -> Vec<u8> {
+    let files = spinlink_tls::config::ClientFiles {
+        ca: &pki.ca_cert(),
+        identity: None,
+    };
+    let config = spinlink_tls::config::client_config(files, &[b"http/1.1"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+fn cert_der(path: &std::path::Path) -> Vec<u8> {
+    spinlink_tls::pem::load_certs(path).unwrap()[0].to_vec()
+}
+
+/// Swaps `dir/serve.{crt,key}` for `name`'s files the way a Secret mount
+/// does: new files beside, then one rename each.
+fn install(pki: &spinlink_tls::dev::DevPki, dir: &std::path::Path, name: &str) {
+    for (from, to) in [(pki.cert(name), "serve.crt"), (pki.key(name), "serve.key")] {
+        let tmp = dir.join(format!("{to}.tmp"));
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join(to)).unwrap();
+    }
+}
+
+#[test]
+fn a_server_certificate_reloads_when_its_files_change_and_bad_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = spinlink_tls::dev::DevPki::ensure(dir.path(), &[]).unwrap();
+    install(&pki, dir.path(), "gateway");
+    let tls = spinlink_nginx_compat::Tls {
+        certificates: vec![spinlink_nginx_compat::CertificateKey {
+            certificate: dir.path().join("serve.crt").display().to_string(),
+            key: dir.path().join("serve.key").display().to_string(),
+        }],
+        client_certificate: None,
+        verify_client: VerifyClient::Off,
+        protocols: vec![spinlink_nginx_compat::TlsProtocol::TlsV1_3],
+    };
+    let reloading = tls::ReloadingServerTls::load(&tls, true).unwrap();
+    let first = reloading.current();
+    assert_eq!(reloading.reload(), Reload::Unchanged);
+    assert!(Arc::ptr_eq(&first, &reloading.current()));
+
+    std::fs::write(dir.path().join("serve.crt"), "not a certificate").unwrap();
+    assert!(matches!(reloading.reload(), Reload::Refused(_)));
+    assert!(
+        Arc::ptr_eq(&first, &reloading.current()),
+        "garbage keeps the old"
+    );
+    assert_eq!(
+        reloading.reload(),
+        Reload::Unchanged,
+        "refused once, not again"
+    );
+
+    install(&pki, dir.path(), "sidecar");
+    assert_eq!(reloading.reload(), Reload::Reloaded);
+    assert!(!Arc::ptr_eq(&first, &reloading.current()));
+}
+
+/// The gateway's reload task: a rotated ingress certificate is served to the
+/// next handshake while an established connection keeps working.
+#[tokio::test]
+async fn a_rotated_ingress_certificate_is_served_to_new_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = spinlink_tls::dev::DevPki::ensure(dir.path(), &[]).unwrap();
+    install(&pki, dir.path(), "gateway");
+    let upstream = head_echo().await;
+    let port = free_port();
+    let d = dir.path().display();
+    let nginx = format!(
+        r#"events {{}} http {{
+server {{
+    listen 127.0.0.1:{port} ssl;
+    server_name localhost;
+    ssl_certificate {d}/serve.crt;
+    ssl_certificate_key {d}/serve.key;
+    location / {{ proxy_pass http://{upstream}; }}
+}}
+}}"#
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let yaml = from_nginx::config_yaml(&parsed.ingress, dir.path()).unwrap();
+    let config =
+        crate::Config::from_yaml_str(&format!("{yaml}shutdownGraceSeconds: 1\n"), "t").unwrap();
+    let gateway = crate::Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(gateway.run(shutdown.clone()));
+
+    assert_eq!(
+        served_cert(addr, &pki).await,
+        cert_der(&pki.cert("gateway"))
+    );
+    // An established connection, used before and after the rotation.
+    let files = spinlink_tls::config::ClientFiles {
+        ca: &pki.ca_cert(),
+        identity: None,
+    };
+    let config = spinlink_tls::config::client_config(files, &[b"http/1.1"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let get = || {
+        Request::get("/x")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(
+        send.send_request(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    install(&pki, dir.path(), "sidecar");
+    let want = cert_der(&pki.cert("sidecar"));
+    // The reload interval is 2 s by default; give it ten.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if served_cert(addr, &pki).await == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let resp = send.send_request(get()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "the old connection stays up");
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("drains")
+        .unwrap()
+        .unwrap();
+}

@@ -8,9 +8,15 @@
 //! ([`ServerTlsConfig::verify_peer`]) and the verdict is enforced per request
 //! (400, as nginx answers "No required SSL certificate was sent"). So one
 //! listener serves browsers without certificates and agents with them.
+//!
+//! [`ReloadingServerTls`] re-reads a server's files when asked (the gateway
+//! asks every few seconds) and puts new material in service when their
+//! content changed and builds; new handshakes get it, established
+//! connections keep theirs, and files that do not build are refused with a
+//! log line while the old ones keep serving.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::HandshakeSignatureValid;
@@ -57,6 +63,102 @@ pub struct ServerTlsConfig {
 
 fn read(path: &str, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(Path::new(path)).map_err(|e| format!("reading {what} {path}: {e}"))
+}
+
+/// What [`ReloadingServerTls::reload`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// The files are as they were (or unreadable for the moment).
+    Unchanged,
+    /// New material is in service.
+    Reloaded,
+    /// The new files do not build; the old material stays.
+    Refused(String),
+}
+
+/// One server's TLS, reloaded from its files.
+#[derive(Debug)]
+pub struct ReloadingServerTls {
+    tls: Tls,
+    http2: bool,
+    current: RwLock<Arc<ServerTlsConfig>>,
+    /// Hash of the files in service, and of the last refused ones.
+    hashes: Mutex<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl ReloadingServerTls {
+    /// Loads the server's files (an error names what failed).
+    pub fn load(tls: &Tls, http2: bool) -> Result<Self, String> {
+        let hash = files_hash(tls)?;
+        let config = ServerTlsConfig::load(tls, http2)?;
+        Ok(Self {
+            tls: tls.clone(),
+            http2,
+            current: RwLock::new(Arc::new(config)),
+            hashes: Mutex::new((hash, None)),
+        })
+    }
+
+    /// The material in service now.
+    pub fn current(&self) -> Arc<ServerTlsConfig> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the files again; a content change that builds replaces the
+    /// material. Content, not modification times, so the atomic `..data`
+    /// symlink swap of a mounted Secret is seen.
+    pub fn reload(&self) -> Reload {
+        // A file missing for a moment (mid-rotation) is not a change.
+        let Ok(hash) = files_hash(&self.tls) else {
+            return Reload::Unchanged;
+        };
+        {
+            let hashes = self.hashes.lock().unwrap_or_else(|e| e.into_inner());
+            if hashes.0 == hash || hashes.1.as_ref() == Some(&hash) {
+                return Reload::Unchanged;
+            }
+        }
+        match ServerTlsConfig::load(&self.tls, self.http2) {
+            Ok(config) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+                *self.hashes.lock().unwrap_or_else(|e| e.into_inner()) = (hash, None);
+                Reload::Reloaded
+            }
+            Err(e) => {
+                self.hashes.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(hash);
+                Reload::Refused(e)
+            }
+        }
+    }
+
+    /// The certificate file, for log lines.
+    pub fn certificate_file(&self) -> &str {
+        self.tls
+            .certificates
+            .first()
+            .map_or("", |c| c.certificate.as_str())
+    }
+}
+
+/// SHA-256 over every file the server's TLS is built from, in order.
+fn files_hash(tls: &Tls) -> Result<Vec<u8>, String> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    if let Some(pair) = tls.certificates.first() {
+        for (path, what) in [(&pair.certificate, "certificate"), (&pair.key, "key")] {
+            let bytes = read(path, what)?;
+            ctx.update(&(bytes.len() as u64).to_be_bytes());
+            ctx.update(&bytes);
+        }
+    }
+    if let Some(ca) = &tls.client_certificate {
+        let bytes = read(ca, "client CA bundle")?;
+        ctx.update(&(bytes.len() as u64).to_be_bytes());
+        ctx.update(&bytes);
+    }
+    Ok(ctx.finish().as_ref().to_vec())
 }
 
 impl ServerTlsConfig {
