@@ -141,8 +141,7 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
     let second = client
         .cache(with_headers(futures::stream::iter([open("bb22")]), "prod"))
         .await
-        .err()
-        .expect("a second cluster under the same name was accepted");
+        .expect_err("a second cluster under the same name was accepted");
     assert_eq!(second.code(), tonic::Code::FailedPrecondition);
     assert!(
         second.message().contains("another cluster"),
