@@ -38,6 +38,8 @@ pub struct Gateway {
     reloader: Option<TlsReloader>,
     /// The ingress whose servers' certificates reload, and how often.
     ingress_reload: Option<(Arc<crate::ingress::Ingress>, Duration)>,
+    /// The bootstrap JWKS file's reloader, and how often.
+    jwks_reload: Option<(crate::identity::jwt::JwksReloader, Duration)>,
     dns: Vec<DnsDiscovery>,
     watches: Vec<EndpointSliceDiscovery>,
     health: HealthChecker,
@@ -138,6 +140,16 @@ impl Gateway {
             .map(JwtVerifier::load)
             .transpose()
             .map_err(|e| invalid(e.key().to_owned(), e.to_string()))?;
+        // The JWKS file reloads on the listener's TLS reload interval.
+        let jwks_reload = jwt.as_ref().and_then(JwtVerifier::reloader).and_then(|r| {
+            let seconds = config
+                .tls
+                .as_ref()
+                .map_or(crate::config::DEFAULT_TLS_RELOAD_INTERVAL_SECONDS, |t| {
+                    t.reload_interval_seconds
+                });
+            (seconds > 0).then(|| (r, Duration::from_secs(seconds)))
+        });
         let shared = Arc::new(Shared {
             gateway_id: config.gateway_id.clone(),
             policy,
@@ -222,6 +234,7 @@ impl Gateway {
             admin,
             reloader,
             ingress_reload,
+            jwks_reload,
         })
     }
 
@@ -255,6 +268,9 @@ impl Gateway {
         let mut tasks = Vec::new();
         if let Some(reloader) = self.reloader {
             tasks.push(tokio::spawn(reloader.run(stopped.clone())));
+        }
+        if let Some((jwks, interval)) = self.jwks_reload {
+            tasks.push(tokio::spawn(jwks.run(interval, stopped.clone())));
         }
         if let Some((ingress, interval)) = self.ingress_reload {
             tasks.push(tokio::spawn(

@@ -9,11 +9,15 @@
 //! The signature is checked by `jsonwebtoken` (on `ring`, the gateway's one
 //! crypto provider); time claims are checked here against the caller's clock
 //! so tests and fuzzing are deterministic. JWTs are never logged.
+//!
+//! The JWKS file is re-read while the gateway runs ([`JwksReloader`]): keys
+//! rotate by publishing a new set, and a set that does not load is refused
+//! with a log line while the old keys stay in service.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
@@ -180,22 +184,196 @@ struct Key {
     validation: Validation,
 }
 
+/// Keys by `kid`; a key without one is stored under "".
+type Keys = HashMap<String, Key>;
+
+/// The keys in service, shared with the [`JwksReloader`].
+type SharedKeys = Arc<RwLock<Arc<Keys>>>;
+
 /// Checks bootstrap JWTs against the keys of a JWKS file.
 pub struct JwtVerifier {
-    /// Keys by `kid`; a key without one is stored under "".
-    keys: HashMap<String, Key>,
+    keys: SharedKeys,
     accounts_claim: String,
     issuers: Vec<String>,
     leeway: u64,
+    /// Where the keys came from, when from a file.
+    source: Option<Arc<JwksSource>>,
+}
+
+/// The JWKS file and the content in service.
+#[derive(Debug)]
+struct JwksSource {
+    config: JwtBootstrapConfig,
+    /// Hash of the content in service, and of the last refused content.
+    hashes: Mutex<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JwtVerifier")
-            .field("keys", &self.keys.keys().collect::<Vec<_>>())
+            .field("keys", &self.current().keys().collect::<Vec<_>>())
             .field("accounts_claim", &self.accounts_claim)
             .finish_non_exhaustive()
     }
+}
+
+/// What [`JwksReloader::reload`] did.
+#[derive(Debug)]
+pub enum JwksReload {
+    /// The file is as it was (or unreadable for the moment).
+    Unchanged,
+    /// The new keys are in service.
+    Reloaded,
+    /// The new content does not load; the old keys stay.
+    Refused(LoadError),
+}
+
+/// Re-reads the JWKS file of a [`JwtVerifier`].
+#[derive(Clone)]
+pub struct JwksReloader {
+    keys: SharedKeys,
+    source: Arc<JwksSource>,
+}
+
+impl std::fmt::Debug for JwksReloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwksReloader")
+            .field("file", &self.source.config.jwks_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwksReloader {
+    /// Reads the file; new content that loads replaces the keys (content is
+    /// compared, so a mounted Secret's `..data` swap is seen).
+    pub fn reload(&self) -> JwksReload {
+        let path = &self.source.config.jwks_file;
+        // A file missing for a moment (mid-rotation) is not a change.
+        let Ok(text) = std::fs::read(path) else {
+            return JwksReload::Unchanged;
+        };
+        let hash = ring::digest::digest(&ring::digest::SHA256, &text)
+            .as_ref()
+            .to_vec();
+        {
+            let hashes = self.source.hashes.lock().unwrap_or_else(|e| e.into_inner());
+            if hashes.0 == hash || hashes.1.as_ref() == Some(&hash) {
+                return JwksReload::Unchanged;
+            }
+        }
+        match parse_keys(&text, &self.source.config) {
+            Ok(keys) => {
+                let kids = keys.len();
+                *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+                *self.source.hashes.lock().unwrap_or_else(|e| e.into_inner()) = (hash, None);
+                tracing::info!(file = %path.display(), keys = kids, "bootstrap JWKS reloaded");
+                JwksReload::Reloaded
+            }
+            Err(e) => {
+                self.source
+                    .hashes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .1 = Some(hash);
+                tracing::error!(
+                    file = %path.display(),
+                    error = %e,
+                    "new bootstrap JWKS refused; the previous keys stay in service"
+                );
+                JwksReload::Refused(e)
+            }
+        }
+    }
+
+    /// Calls [`JwksReloader::reload`] every `interval` until `shutdown`.
+    pub async fn run(self, interval: Duration, shutdown: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    let this = self.clone();
+                    let _ = tokio::task::spawn_blocking(move || this.reload()).await;
+                }
+            }
+        }
+    }
+}
+
+/// The keys of `set`; `Err((index, message))` names a bad key.
+fn keys_from_jwks(set: &JwkSet, config: &JwtBootstrapConfig) -> Result<Keys, (usize, String)> {
+    if config.audiences.is_empty() {
+        return Err((
+            0,
+            "jwtBootstrap.audiences must name at least one audience".into(),
+        ));
+    }
+    if config.accounts_claim.is_empty() {
+        return Err((0, "jwtBootstrap.accountsClaim must not be empty".into()));
+    }
+    if set.keys.is_empty() {
+        return Err((0, "the JWK set has no keys".into()));
+    }
+    let mut keys = HashMap::new();
+    for (index, jwk) in set.keys.iter().enumerate() {
+        let algorithm = match &jwk.algorithm {
+            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
+                Algorithm::ES256
+            }
+            AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
+                Algorithm::EdDSA
+            }
+            _ => {
+                return Err((
+                    index,
+                    "only EC P-256 (ES256), RSA (RS256) and OKP Ed25519 (EdDSA) keys are \
+                     accepted"
+                        .into(),
+                ));
+            }
+        };
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| (index, e.to_string()))?;
+        let mut validation = Validation::new(algorithm);
+        // Time claims are checked in `verify` against the caller's clock.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.required_spec_claims = ["exp", "sub", "aud"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        validation.set_audience(&config.audiences);
+        let kid = jwk.common.key_id.clone().unwrap_or_default();
+        if keys
+            .insert(
+                kid.clone(),
+                Key {
+                    key,
+                    algorithm,
+                    validation,
+                },
+            )
+            .is_some()
+        {
+            return Err((index, format!("kid {kid:?} used twice")));
+        }
+    }
+    Ok(keys)
+}
+
+/// Parses a JWKS file's bytes into keys.
+fn parse_keys(text: &[u8], config: &JwtBootstrapConfig) -> Result<Keys, LoadError> {
+    let set: JwkSet = serde_json::from_slice(text).map_err(|source| LoadError::ParseJwks {
+        path: config.jwks_file.clone(),
+        source,
+    })?;
+    keys_from_jwks(&set, config).map_err(|(index, message)| LoadError::Key {
+        path: config.jwks_file.clone(),
+        index,
+        message,
+    })
 }
 
 impl JwtVerifier {
@@ -208,81 +386,44 @@ impl JwtVerifier {
             path: config.jwks_file.clone(),
             source,
         })?;
-        let set: JwkSet = serde_json::from_slice(&text).map_err(|source| LoadError::ParseJwks {
-            path: config.jwks_file.clone(),
-            source,
-        })?;
-        Self::from_jwks(&set, config).map_err(|(index, message)| LoadError::Key {
-            path: config.jwks_file.clone(),
-            index,
-            message,
-        })
+        let keys = parse_keys(&text, config)?;
+        let hash = ring::digest::digest(&ring::digest::SHA256, &text)
+            .as_ref()
+            .to_vec();
+        let mut verifier = Self::with_keys(keys, config);
+        verifier.source = Some(Arc::new(JwksSource {
+            config: config.clone(),
+            hashes: Mutex::new((hash, None)),
+        }));
+        Ok(verifier)
     }
 
     /// A verifier over `set`; `Err((index, message))` names a bad key.
     pub fn from_jwks(set: &JwkSet, config: &JwtBootstrapConfig) -> Result<Self, (usize, String)> {
-        if config.audiences.is_empty() {
-            return Err((
-                0,
-                "jwtBootstrap.audiences must name at least one audience".into(),
-            ));
-        }
-        if config.accounts_claim.is_empty() {
-            return Err((0, "jwtBootstrap.accountsClaim must not be empty".into()));
-        }
-        if set.keys.is_empty() {
-            return Err((0, "the JWK set has no keys".into()));
-        }
-        let mut keys = HashMap::new();
-        for (index, jwk) in set.keys.iter().enumerate() {
-            let algorithm = match &jwk.algorithm {
-                AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
-                    Algorithm::ES256
-                }
-                AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
-                    Algorithm::EdDSA
-                }
-                _ => {
-                    return Err((
-                        index,
-                        "only EC P-256 (ES256), RSA (RS256) and OKP Ed25519 (EdDSA) keys are \
-                         accepted"
-                            .into(),
-                    ));
-                }
-            };
-            let key = DecodingKey::from_jwk(jwk).map_err(|e| (index, e.to_string()))?;
-            let mut validation = Validation::new(algorithm);
-            // Time claims are checked in `verify` against the caller's clock.
-            validation.validate_exp = false;
-            validation.validate_nbf = false;
-            validation.required_spec_claims = ["exp", "sub", "aud"]
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
-            validation.set_audience(&config.audiences);
-            let kid = jwk.common.key_id.clone().unwrap_or_default();
-            if keys
-                .insert(
-                    kid.clone(),
-                    Key {
-                        key,
-                        algorithm,
-                        validation,
-                    },
-                )
-                .is_some()
-            {
-                return Err((index, format!("kid {kid:?} used twice")));
-            }
-        }
-        Ok(Self {
-            keys,
+        Ok(Self::with_keys(keys_from_jwks(set, config)?, config))
+    }
+
+    fn with_keys(keys: Keys, config: &JwtBootstrapConfig) -> Self {
+        Self {
+            keys: Arc::new(RwLock::new(Arc::new(keys))),
             accounts_claim: config.accounts_claim.clone(),
             issuers: config.issuers.clone(),
             leeway: config.leeway_seconds,
+            source: None,
+        }
+    }
+
+    /// The reloader of this verifier's JWKS file (`None` when it was built
+    /// from a set in memory).
+    pub fn reloader(&self) -> Option<JwksReloader> {
+        Some(JwksReloader {
+            keys: self.keys.clone(),
+            source: self.source.clone()?,
         })
+    }
+
+    fn current(&self) -> Arc<Keys> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Checks `jwt` at `now`.
@@ -291,10 +432,11 @@ impl JwtVerifier {
             return Err(JwtError::Malformed);
         }
         let header = jsonwebtoken::decode_header(jwt).map_err(|_| JwtError::Malformed)?;
+        let keys = self.current();
         let key = match &header.kid {
-            Some(kid) => self.keys.get(kid),
+            Some(kid) => keys.get(kid),
             // Without a `kid` only an unambiguous JWKS will do.
-            None if self.keys.len() == 1 => self.keys.values().next(),
+            None if keys.len() == 1 => keys.values().next(),
             None => None,
         }
         .ok_or(JwtError::UnknownKey)?;

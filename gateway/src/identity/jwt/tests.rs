@@ -270,3 +270,47 @@ fn bad_jwks_named_at_load() {
     assert!(JwtVerifier::load(&config).is_ok());
     assert_eq!(err.key(), "jwtBootstrap.jwksFile");
 }
+
+#[test]
+fn the_jwks_file_reloads_and_a_bad_one_keeps_the_old_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jwks.json");
+    let (old, new) = (Signer::es256("old"), Signer::eddsa("new"));
+    std::fs::write(&file, jwks(&[&old]).to_string()).unwrap();
+    let from_file = JwtBootstrapConfig {
+        jwks_file: file.clone(),
+        ..config()
+    };
+    let v = JwtVerifier::load(&from_file).unwrap();
+    let reloader = v.reloader().expect("loaded from a file");
+    let old_jwt = old.sign(&claims("c", &["a"], NOW + 300));
+    let new_jwt = new.sign(&claims("c", &["a"], NOW + 300));
+    assert!(matches!(reloader.reload(), JwksReload::Unchanged));
+    assert!(v.verify(&old_jwt, now()).is_ok());
+    assert!(matches!(
+        v.verify(&new_jwt, now()),
+        Err(JwtError::UnknownKey)
+    ));
+
+    // A rotation: the new key published, the old one withdrawn.
+    std::fs::write(&file, jwks(&[&new]).to_string()).unwrap();
+    assert!(matches!(reloader.reload(), JwksReload::Reloaded));
+    assert!(v.verify(&new_jwt, now()).is_ok());
+    assert!(matches!(
+        v.verify(&old_jwt, now()),
+        Err(JwtError::UnknownKey)
+    ));
+
+    // Garbage is refused once and the keys in service stay.
+    std::fs::write(&file, "{ not json").unwrap();
+    assert!(matches!(reloader.reload(), JwksReload::Refused(_)));
+    assert!(matches!(reloader.reload(), JwksReload::Unchanged));
+    assert!(v.verify(&new_jwt, now()).is_ok());
+    // So does a set without keys.
+    std::fs::write(&file, r#"{"keys": []}"#).unwrap();
+    assert!(matches!(reloader.reload(), JwksReload::Refused(_)));
+    assert!(v.verify(&new_jwt, now()).is_ok());
+
+    // Built from a set in memory: nothing to reload.
+    assert!(verifier(&[&old], &config()).reloader().is_none());
+}
