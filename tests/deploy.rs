@@ -616,8 +616,8 @@ fn check_lease_rbac(objects: &[Value], values: &Value, sa: &str) -> Result<(), S
         .filter(|o| kind(o) == "Role" && name(o).ends_with("-leader"))
         .collect();
     match (enabled, leader.as_slice()) {
-        (false, []) => return Ok(()),
-        (false, _) => return Err("a Lease Role without leader election".into()),
+        (false, []) => Ok(()),
+        (false, _) => Err("a Lease Role without leader election".into()),
         (true, [role]) => {
             let rules = role["rules"].as_array().cloned().unwrap_or_default();
             let ok = rules.len() == 1
