@@ -175,21 +175,27 @@ impl Sidecar {
             &self.config.instance_id,
             &advertise,
             Duration::from_secs(self.config.ownership.lease_seconds),
+            Duration::from_secs(self.config.accounts.grace_period_seconds),
         );
+        // The drain runs in order: the facade stops taking connections and
+        // finishes the requests it has — relayed ones need the agents'
+        // streams — and only then do the streams end and the leases go, so
+        // no request in flight is cut and the account moves once.
+        let streams = CancellationToken::new();
         let registered = ownership.register().await;
         let owning = tokio::spawn(ownership.clone().run(
             self.accounts.clone(),
             registered,
-            shutdown.clone(),
+            streams.clone(),
         ));
         let service =
-            tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), shutdown.clone())
+            tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), streams.clone())
                 .with_ownership(ownership.clone());
         let tunnel = tokio::spawn(tunnel::serve(
             self.tunnel,
             self.security,
             service,
-            shutdown.clone(),
+            streams.clone(),
         ));
         let metrics = metrics::Metrics::default();
         let registrar = self.config.clouddriver.clone().map(|cd| {
@@ -208,8 +214,16 @@ impl Sidecar {
             Duration::from_secs(self.config.facade.relay_timeout_seconds),
         )
         .with_metrics(metrics)
-        .with_ownership(ownership);
-        let facade = tokio::spawn(facade::serve(self.facade, facade_impl, shutdown.clone()));
+        .with_ownership(ownership)
+        .with_shutdown(shutdown.clone());
+        let facade = tokio::spawn({
+            let serve = facade::serve(self.facade, facade_impl, shutdown.clone());
+            let streams = streams.clone();
+            async move {
+                serve.await;
+                streams.cancel();
+            }
+        });
         let stop = shutdown.clone();
         // A server failing alone takes the sidecar down with it.
         let tunnel_abort = tunnel.abort_handle();
@@ -219,7 +233,7 @@ impl Sidecar {
             r
         };
         let drained = async {
-            shutdown.cancelled().await;
+            streams.cancelled().await;
             tokio::time::sleep(DEFAULT_TUNNEL_DRAIN_GRACE).await;
         };
         let tunnel_result = tokio::select! {

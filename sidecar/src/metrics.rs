@@ -54,6 +54,20 @@ struct Inner {
     objects: Family<Labels, Gauge>,
     cache_bytes: Family<Labels, Gauge>,
     state: Family<Labels, Gauge>,
+    cache_watches: Family<Labels, Gauge>,
+    cache_watches_expired: Family<Labels, Counter>,
+}
+
+/// Holds one open cache-served watch in the gauge; dropping it lets go.
+#[derive(Debug)]
+pub struct OpenWatch {
+    gauge: Gauge,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 /// The metrics; cheap to clone.
@@ -109,9 +123,23 @@ impl Metrics {
             "1 for the state each account is in (online, stale, removed)",
             state.clone(),
         );
+        let cache_watches = Family::<Labels, Gauge>::default();
+        registry.register(
+            "cache_watches_open",
+            "Watches the facade is serving from the cache, per account (relayed ones are counted in facade_requests with verb=watch, source=relay)",
+            cache_watches.clone(),
+        );
+        let cache_watches_expired = Family::<Labels, Counter>::default();
+        registry.register(
+            "cache_watches_expired",
+            "Cache-served watches ended with 410 Expired (resourceVersion too old, or the watcher fell behind the history)",
+            cache_watches_expired.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
+                cache_watches,
+                cache_watches_expired,
                 requests,
                 relay_seconds,
                 registrations,
@@ -131,6 +159,26 @@ impl Metrics {
                 ("verb".to_owned(), verb.to_owned()),
                 ("source".to_owned(), source.as_str().to_owned()),
             ])
+            .inc();
+    }
+
+    /// A watch served from the cache opened; it counts as open until the
+    /// returned guard is dropped.
+    pub fn cache_watch_opened(&self, account: &str) -> OpenWatch {
+        let gauge = self
+            .inner
+            .cache_watches
+            .get_or_create(&vec![("account".to_owned(), account.to_owned())])
+            .clone();
+        gauge.inc();
+        OpenWatch { gauge }
+    }
+
+    /// A watch served from the cache ended with 410 Expired.
+    pub fn cache_watch_expired(&self, account: &str) {
+        self.inner
+            .cache_watches_expired
+            .get_or_create(&vec![("account".to_owned(), account.to_owned())])
             .inc();
     }
 
@@ -255,5 +303,22 @@ mod tests {
             "{text}"
         );
         assert_eq!(verb(&http::Method::GET, false, true), "watch");
+        let open = m.cache_watch_opened("prod");
+        m.cache_watch_expired("prod");
+        let text = m.render(&accounts);
+        assert!(
+            text.contains(r#"spinlink_sidecar_cache_watches_open{account="prod"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"spinlink_sidecar_cache_watches_expired_total{account="prod"} 1"#),
+            "{text}"
+        );
+        drop(open);
+        let text = m.render(&accounts);
+        assert!(
+            text.contains(r#"spinlink_sidecar_cache_watches_open{account="prod"} 0"#),
+            "{text}"
+        );
     }
 }

@@ -222,8 +222,12 @@ async fn listing_events_and_queries() -> anyhow::Result<()> {
     let unavailable = get(&http, &sidecar.url("/accounts/prod/api/v1/configmaps")).await?;
     assert_eq!(unavailable.status, 503);
     assert_eq!(unavailable.json()["reason"], "ServiceUnavailable");
-    let watch = get(&http, &sidecar.url("/accounts/prod/api/v1/pods?watch=true")).await?;
-    assert_eq!(watch.status, 503, "watches are relayed");
+    let watch = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/configmaps?watch=true"),
+    )
+    .await?;
+    assert_eq!(watch.status, 503, "watches of kinds not cached are relayed");
 
     // The stream ends: offline, the cache is kept.
     drop(cache);

@@ -13,6 +13,15 @@
 //! concatenating it, and label selectors need nothing but the labels. The few
 //! readers that need fields (tables, field selectors) parse what they select
 //! ([`Entry::object`]).
+//!
+//! Changes are also kept in a bounded [`history`] so the facade can serve
+//! watches: events from the agent's watch newer than the kind's watch
+//! position are recorded as they come; a re-listing (`SyncStart` …
+//! `SyncEnd` of a kind already synced) is compared with what was held and
+//! its differences recorded at `SyncEnd` — added and modified objects in
+//! resourceVersion order, then the vanished ones as deletions.
+
+pub mod history;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,6 +29,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 use spinlink_proto::v1::{self, watch_event::Type as EventType};
+use tokio::sync::watch;
+
+use history::{Change, ChangeType, Expired, History};
 
 /// Why an event could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +175,36 @@ pub struct CachedKind {
     /// Incremented by every `SyncStart`; objects not seen in the current
     /// generation are dropped by `SyncEnd`.
     generation: u64,
+    /// Where the kind's recorded changes stand.
+    watch: WatchState,
+}
+
+/// A kind's place in the [`history`].
+#[derive(Debug, Clone, Default)]
+struct WatchState {
+    /// Every change up to this resourceVersion is recorded: a watch from
+    /// here misses nothing. Moves with recorded changes, the agent's
+    /// bookmarks and `SyncEnd`; not during a re-listing, whose changes are
+    /// recorded only at its end.
+    position: u64,
+    /// The position when the kind first synced: its history starts there.
+    start: u64,
+    /// A re-listing of a synced kind is under way.
+    resync: Option<Resync>,
+}
+
+/// The differences a re-listing found so far.
+#[derive(Debug, Clone)]
+struct Resync {
+    /// The position when it began.
+    from: u64,
+    /// Added and modified objects (numbered and positioned at `SyncEnd`).
+    changes: Vec<Change>,
+}
+
+/// A resourceVersion as a number, when it is one (the API server's always are).
+pub fn rv_number(rv: &str) -> Option<u64> {
+    rv.parse().ok()
 }
 
 impl CachedKind {
@@ -173,6 +215,7 @@ impl CachedKind {
             resource_version: String::new(),
             synced: false,
             generation: 0,
+            watch: WatchState::default(),
         }
     }
 
@@ -180,6 +223,17 @@ impl CachedKind {
         if !rv.is_empty() && is_newer(rv, &self.resource_version) {
             self.resource_version = rv.to_owned();
         }
+    }
+
+    /// Whether watches of this kind can be served from the cache: it is
+    /// synced and its resourceVersions are numbers.
+    pub fn watchable(&self) -> bool {
+        self.synced && rv_number(&self.resource_version).is_some()
+    }
+
+    /// The resourceVersion a watch is at once it has every recorded change.
+    pub fn watch_position(&self) -> u64 {
+        self.watch.position
     }
 }
 
@@ -210,6 +264,34 @@ pub enum Applied {
 pub struct Cache {
     kinds: HashMap<KindKey, CachedKind>,
     discovery: HashMap<String, Document>,
+    history: History,
+}
+
+/// A watch's start, taken under one lock so no change falls between the
+/// objects it is sent and the changes it follows.
+#[derive(Debug)]
+pub struct WatchStart {
+    /// Tells when changes were appended.
+    pub grew: watch::Receiver<u64>,
+    /// The first change to read.
+    pub cursor: u64,
+    /// The kind's watch position now.
+    pub position: u64,
+    /// The objects held now, when the watch starts from the current state.
+    pub objects: Vec<(ObjectKey, Entry)>,
+}
+
+/// Changes a watcher has not read yet.
+#[derive(Debug)]
+pub struct WatchBatch {
+    /// In order.
+    pub changes: Vec<Arc<Change>>,
+    /// The cursor after them.
+    pub cursor: u64,
+    /// Whether this is everything recorded so far.
+    pub caught_up: bool,
+    /// The kind's watch position (meaningful when caught up).
+    pub position: u64,
 }
 
 /// `a` is newer than `b`: compared as integers when both are, else assumed.
@@ -221,6 +303,14 @@ pub fn is_newer(a: &str, b: &str) -> bool {
 }
 
 impl Cache {
+    /// An empty cache whose history keeps at most `limit` changes.
+    pub fn with_history(limit: usize) -> Self {
+        Self {
+            history: History::with_limit(limit),
+            ..Self::default()
+        }
+    }
+
     /// Begins a full listing of `kind`.
     pub fn sync_start(&mut self, kind: &v1::Kind) {
         let entry = self
@@ -229,20 +319,74 @@ impl Cache {
             .or_insert_with(|| CachedKind::new(kind));
         entry.info = kind.clone();
         entry.generation += 1;
+        // A listing that starts again before it ended keeps what it found.
+        if entry.synced && entry.watch.resync.is_none() {
+            entry.watch.resync = Some(Resync {
+                from: entry.watch.position,
+                changes: Vec::new(),
+            });
+        }
     }
 
     /// Ends a full listing of `kind`: drops the objects not seen since its
     /// `SyncStart` and marks the kind synced. Returns how many were dropped.
+    /// A re-listing's differences go to the history (see the module docs).
     pub fn sync_end(&mut self, kind: &v1::Kind, resource_version: &str) -> usize {
+        let key = KindKey::of(kind);
         let entry = self
             .kinds
-            .entry(KindKey::of(kind))
+            .entry(key.clone())
             .or_insert_with(|| CachedKind::new(kind));
         let generation = entry.generation;
         let before = entry.objects.len();
-        entry.objects.retain(|_, e| e.generation >= generation);
+        let vanished: Vec<ObjectKey> = entry
+            .objects
+            .iter()
+            .filter(|(_, e)| e.generation < generation)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut deleted = Vec::new();
+        for k in vanished {
+            if let Some(old) = entry.objects.remove(&k) {
+                deleted.push((k, old));
+            }
+        }
+        let first = !entry.synced;
         entry.synced = true;
         entry.advance_rv(resource_version);
+        let end = rv_number(&entry.resource_version).unwrap_or(0);
+        if first {
+            entry.watch = WatchState {
+                position: end,
+                start: end,
+                resync: None,
+            };
+        } else if let Some(resync) = entry.watch.resync.take() {
+            // Added and modified in resourceVersion order, so every change
+            // sits above the objects before it and a resume from any of them
+            // misses nothing; then the deletions, which the listing proves
+            // happened by its end. A deleted object keeps its last
+            // resourceVersion: a watch resuming from it replays, never skips.
+            let mut changes = resync.changes;
+            changes.sort_by_key(|c| rv_number(&c.object.resource_version).unwrap_or(0));
+            let mut position = resync.from;
+            for c in &mut changes {
+                position = position.max(rv_number(&c.object.resource_version).unwrap_or(0));
+                c.position = position;
+            }
+            position = position.max(end);
+            changes.extend(deleted.into_iter().map(|(k, old)| Change {
+                seq: 0,
+                kind: key.clone(),
+                ty: ChangeType::Deleted,
+                key: k,
+                object: old.clone(),
+                old: Some(old),
+                position,
+            }));
+            entry.watch.position = position;
+            self.history.extend(changes);
+        }
         before - entry.objects.len()
     }
 
@@ -250,17 +394,29 @@ impl Cache {
     pub fn apply(&mut self, event: &v1::WatchEvent) -> Result<Applied> {
         let kind = event.kind.as_ref().ok_or(Error::MissingKind)?;
         let ty = EventType::try_from(event.r#type).map_err(|_| Error::UnknownType(event.r#type))?;
+        let kind_key = KindKey::of(kind);
         let cached = self
             .kinds
-            .entry(KindKey::of(kind))
+            .entry(kind_key.clone())
             .or_insert_with(|| CachedKind::new(kind));
         if ty == EventType::Bookmark {
             cached.advance_rv(&event.resource_version);
+            if cached.synced
+                && cached.watch.resync.is_none()
+                && let Some(rv) = rv_number(&event.resource_version)
+            {
+                cached.watch.position = cached.watch.position.max(rv);
+            }
             return Ok(Applied::Bookmark);
         }
-        if ty == EventType::Unspecified {
-            return Err(Error::UnknownType(event.r#type));
-        }
+        let change_type = match ty {
+            EventType::Added => ChangeType::Added,
+            EventType::Modified => ChangeType::Modified,
+            EventType::Deleted => ChangeType::Deleted,
+            EventType::Unspecified | EventType::Bookmark => {
+                return Err(Error::UnknownType(event.r#type));
+            }
+        };
         let label = || format!("{}.{}", kind.resource, kind.group);
         let mut object: Value =
             serde_json::from_slice(&event.object).map_err(|source| Error::InvalidObject {
@@ -288,6 +444,34 @@ impl Cache {
         };
         let key = (namespace, name);
         let generation = cached.generation;
+        // An event of the watch the kind follows that is past its position:
+        // watchers get it whatever the cache held (a folded write may have
+        // put that very version there already).
+        let fresh = cached.synced
+            && cached.watch.resync.is_none()
+            && rv_number(&rv).is_some_and(|n| n > cached.watch.position);
+        if let Some(map) = object.as_object_mut() {
+            let api_version = kind_key.api_version();
+            map.entry("kind")
+                .or_insert_with(|| Value::from(kind.kind.clone()));
+            map.entry("apiVersion")
+                .or_insert_with(|| Value::from(api_version));
+        }
+        let entry = Entry::new(&object, rv.clone(), generation);
+        if fresh {
+            let position = rv_number(&rv).unwrap_or_default();
+            cached.watch.position = position;
+            let change = Change {
+                seq: 0,
+                kind: kind_key.clone(),
+                ty: change_type,
+                key: key.clone(),
+                object: entry.clone(),
+                old: cached.objects.get(&key).cloned(),
+                position,
+            };
+            self.history.extend([change]);
+        }
         if let Some(existing) = cached.objects.get_mut(&key)
             && !is_newer(&rv, &existing.resource_version)
         {
@@ -297,22 +481,111 @@ impl Cache {
         }
         cached.advance_rv(&rv);
         if ty == EventType::Deleted {
-            return Ok(match cached.objects.remove(&key) {
-                Some(_) => Applied::Deleted,
-                None => Applied::Unchanged,
+            let Some(old) = cached.objects.remove(&key) else {
+                return Ok(Applied::Unchanged);
+            };
+            if let Some(resync) = &mut cached.watch.resync {
+                resync.changes.push(Change {
+                    seq: 0,
+                    kind: kind_key,
+                    ty: ChangeType::Deleted,
+                    key,
+                    object: entry,
+                    old: Some(old),
+                    position: 0,
+                });
+            }
+            return Ok(Applied::Deleted);
+        }
+        let old = cached.objects.insert(key.clone(), entry);
+        if let Some(resync) = &mut cached.watch.resync
+            && let Some(new) = cached.objects.get(&key)
+        {
+            resync.changes.push(Change {
+                seq: 0,
+                kind: kind_key,
+                ty: if old.is_some() {
+                    ChangeType::Modified
+                } else {
+                    ChangeType::Added
+                },
+                key,
+                object: new.clone(),
+                old,
+                position: 0,
             });
         }
-        if let Some(map) = object.as_object_mut() {
-            let api_version = KindKey::of(kind).api_version();
-            map.entry("kind")
-                .or_insert_with(|| Value::from(kind.kind.clone()));
-            map.entry("apiVersion")
-                .or_insert_with(|| Value::from(api_version));
-        }
-        cached
-            .objects
-            .insert(key, Entry::new(&object, rv, generation));
         Ok(Applied::Upserted)
+    }
+
+    /// Starts a watch of `kind`: from the current state (`from` is `None`:
+    /// its objects, then what changes after them) or after resourceVersion
+    /// `from`. `None` when the kind cannot be watched here (see
+    /// [`CachedKind::watchable`]). Only the objects `select` takes are sent.
+    pub fn watch(
+        &self,
+        kind: &KindKey,
+        from: Option<u64>,
+        select: impl Fn(&ObjectKey, &Entry) -> bool,
+    ) -> Option<Result<WatchStart, Expired>> {
+        let cached = self.kinds.get(kind).filter(|k| k.watchable())?;
+        let position = cached.watch.position;
+        let (cursor, objects) = match from {
+            None => (
+                self.history.next_seq(),
+                cached
+                    .objects
+                    .iter()
+                    .filter(|(k, e)| select(k, e))
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect(),
+            ),
+            Some(rv) => {
+                let oldest = self.history.oldest(kind, cached.watch.start);
+                if rv < oldest {
+                    return Some(Err(Expired {
+                        requested: rv,
+                        oldest,
+                    }));
+                }
+                (self.history.cursor_after(kind, rv), Vec::new())
+            }
+        };
+        Some(Ok(WatchStart {
+            grew: self.history.subscribe(),
+            cursor,
+            position,
+            objects,
+        }))
+    }
+
+    /// Up to `max` changes of `kind` from `cursor` on; `Expired` when the
+    /// watcher fell so far behind that some it had not read were dropped
+    /// (`reached` is the resourceVersion it had got to, for the message).
+    pub fn changes(
+        &self,
+        kind: &KindKey,
+        cursor: u64,
+        max: usize,
+        reached: u64,
+    ) -> Result<WatchBatch, Expired> {
+        let expired = || Expired {
+            requested: reached,
+            oldest: self.history.oldest(kind, reached),
+        };
+        let position = self.kinds.get(kind).map_or(reached, |k| k.watch.position);
+        let (changes, cursor) = self.history.since(kind, cursor, max).ok_or_else(expired)?;
+        Ok(WatchBatch {
+            changes,
+            caught_up: cursor == self.history.next_seq(),
+            cursor,
+            position,
+        })
+    }
+
+    /// The change history (for tests and metrics).
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Folds the object a relayed write answered with into the cache, so the
@@ -625,6 +898,240 @@ mod tests {
         e.kind = Some(pods());
         e.r#type = 99;
         assert!(matches!(c.apply(&e), Err(Error::UnknownType(99))));
+    }
+
+    fn kinds_of(c: &Cache, from: u64) -> Vec<(ChangeType, String, u64)> {
+        let start = c
+            .watch(&KindKey::of(&pods()), Some(from), |_, _| true)
+            .unwrap()
+            .unwrap();
+        let batch = c
+            .changes(&KindKey::of(&pods()), start.cursor, usize::MAX, from)
+            .unwrap();
+        assert!(batch.caught_up);
+        batch
+            .changes
+            .iter()
+            .map(|ch| (ch.ty, ch.key.1.clone(), ch.position))
+            .collect()
+    }
+
+    fn synced(c: &mut Cache, objects: &[(&str, &str)], rv: &str) {
+        c.sync_start(&pods());
+        for (n, r) in objects {
+            c.apply(&event(EventType::Added, "a", n, r, json!(0)))
+                .unwrap();
+        }
+        c.sync_end(&pods(), rv);
+    }
+
+    #[test]
+    fn watch_events_are_recorded_in_order_and_replays_are_not() {
+        let mut c = Cache::default();
+        synced(&mut c, &[("p", "5")], "10");
+        assert!(c.history().is_empty(), "a first listing is no change");
+        c.apply(&event(EventType::Modified, "a", "p", "11", json!(1)))
+            .unwrap();
+        c.apply(&event(EventType::Added, "a", "q", "12", json!(1)))
+            .unwrap();
+        // The agent replays after a reconnect: nothing new for watchers.
+        c.apply(&event(EventType::Modified, "a", "p", "11", json!(1)))
+            .unwrap();
+        c.apply(&event(EventType::Deleted, "a", "p", "13", json!(1)))
+            .unwrap();
+        use ChangeType::*;
+        assert_eq!(
+            kinds_of(&c, 10),
+            [
+                (Modified, "p".into(), 11),
+                (Added, "q".into(), 12),
+                (Deleted, "p".into(), 13)
+            ]
+        );
+        // Resuming from an event's resourceVersion starts after it.
+        assert_eq!(kinds_of(&c, 12), [(Deleted, "p".into(), 13)]);
+        assert!(kinds_of(&c, 13).is_empty());
+        let bookmark = v1::WatchEvent {
+            r#type: EventType::Bookmark as i32,
+            kind: Some(pods()),
+            resource_version: "20".into(),
+            object: Vec::new(),
+        };
+        c.apply(&bookmark).unwrap();
+        assert_eq!(c.kind("", "v1", "pods").unwrap().watch_position(), 20);
+        // The modification carries what the cache held before it.
+        let start = c
+            .watch(&KindKey::of(&pods()), Some(10), |_, _| true)
+            .unwrap()
+            .unwrap();
+        let batch = c
+            .changes(&KindKey::of(&pods()), start.cursor, 1, 10)
+            .unwrap();
+        assert!(!batch.caught_up, "one at a time");
+        assert_eq!(batch.changes[0].old.as_ref().unwrap().resource_version, "5");
+    }
+
+    #[test]
+    fn a_folded_write_still_reaches_watchers_through_its_event() {
+        let mut c = Cache::default();
+        synced(&mut c, &[("p", "3")], "4");
+        let obj = json!({"kind": "Pod", "apiVersion": "v1",
+               "metadata": {"name": "p", "namespace": "a", "resourceVersion": "5"}, "spec": 1});
+        c.fold_write(&KindKey::of(&pods()), &obj, false);
+        assert!(c.history().is_empty());
+        assert_eq!(
+            c.apply(&event(EventType::Modified, "a", "p", "5", json!(1)))
+                .unwrap(),
+            Applied::Unchanged
+        );
+        assert_eq!(kinds_of(&c, 4), [(ChangeType::Modified, "p".into(), 5)]);
+    }
+
+    #[test]
+    fn a_relisting_records_its_differences_at_its_end() {
+        let mut c = Cache::default();
+        synced(&mut c, &[("p1", "1"), ("p2", "2"), ("p3", "3")], "3");
+        // Relist: p1 unchanged, p3 newer, p4 new (listed before p3 by
+        // name, newer by version), p2 gone.
+        c.sync_start(&pods());
+        c.apply(&event(EventType::Added, "a", "p1", "1", json!(0)))
+            .unwrap();
+        c.apply(&event(EventType::Added, "a", "p3", "9", json!(0)))
+            .unwrap();
+        c.apply(&event(EventType::Added, "a", "p4", "7", json!(0)))
+            .unwrap();
+        assert!(c.history().is_empty(), "recorded only at the end");
+        assert_eq!(
+            c.kind("", "v1", "pods").unwrap().watch_position(),
+            3,
+            "a bookmark mid-listing must not claim what is not recorded"
+        );
+        c.sync_end(&pods(), "10");
+        use ChangeType::*;
+        assert_eq!(
+            kinds_of(&c, 3),
+            [
+                (Added, "p4".into(), 7),
+                (Modified, "p3".into(), 9),
+                (Deleted, "p2".into(), 10)
+            ]
+        );
+        assert_eq!(
+            kinds_of(&c, 8),
+            [(Modified, "p3".into(), 9), (Deleted, "p2".into(), 10)]
+        );
+        assert_eq!(c.kind("", "v1", "pods").unwrap().watch_position(), 10);
+    }
+
+    #[test]
+    fn too_old_resource_versions_and_laggards_expire() {
+        let mut c = Cache::with_history(3);
+        synced(&mut c, &[], "10");
+        let pods_key = KindKey::of(&pods());
+        let expired = c
+            .watch(&pods_key, Some(5), |_, _| true)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            expired,
+            Expired {
+                requested: 5,
+                oldest: 10
+            }
+        );
+        assert_eq!(expired.to_string(), "too old resource version: 5 (10)");
+        let laggard = c.watch(&pods_key, Some(10), |_, _| true).unwrap().unwrap();
+        for rv in 11..=15 {
+            c.apply(&event(
+                EventType::Added,
+                "a",
+                &format!("p{rv}"),
+                &rv.to_string(),
+                json!(0),
+            ))
+            .unwrap();
+        }
+        assert_eq!(c.history().len(), 3);
+        // Changes 11 and 12 were dropped: from 11 on is no longer whole.
+        assert_eq!(
+            c.watch(&pods_key, Some(11), |_, _| true)
+                .unwrap()
+                .unwrap_err(),
+            Expired {
+                requested: 11,
+                oldest: 12
+            }
+        );
+        assert_eq!(kinds_of(&c, 12).len(), 3);
+        // A watcher that had not read them falls out.
+        assert_eq!(
+            c.changes(&pods_key, laggard.cursor, 100, 10).unwrap_err(),
+            Expired {
+                requested: 10,
+                oldest: 12
+            }
+        );
+    }
+
+    #[test]
+    fn a_busy_kind_does_not_expire_a_quiet_one_that_had_nothing_to_lose() {
+        let mut c = Cache::with_history(2);
+        synced(&mut c, &[], "10");
+        let deployments = v1::Kind {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+            kind: "Deployment".into(),
+            namespaced: true,
+        };
+        c.sync_start(&deployments);
+        c.sync_end(&deployments, "10");
+        let quiet = c
+            .watch(&KindKey::of(&pods()), Some(10), |_, _| true)
+            .unwrap()
+            .unwrap();
+        for rv in 11..15 {
+            let mut e = event(
+                EventType::Added,
+                "a",
+                &format!("d{rv}"),
+                &rv.to_string(),
+                json!(0),
+            );
+            e.kind = Some(deployments.clone());
+            c.apply(&e).unwrap();
+        }
+        let batch = c
+            .changes(&KindKey::of(&pods()), quiet.cursor, 100, 10)
+            .unwrap();
+        assert!(batch.changes.is_empty() && batch.caught_up);
+        assert!(
+            c.watch(&KindKey::of(&pods()), Some(10), |_, _| true)
+                .unwrap()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn watches_start_from_the_current_objects_selected() {
+        let mut c = Cache::default();
+        synced(&mut c, &[("p1", "1"), ("p2", "2")], "2");
+        let start = c
+            .watch(&KindKey::of(&pods()), None, |k, _| k.1 == "p2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(start.objects.len(), 1);
+        assert_eq!(start.objects[0].0.1, "p2");
+        assert_eq!(start.position, 2);
+        assert_eq!(start.cursor, c.history().next_seq());
+        // A kind not synced is not watched here.
+        let mut fresh = Cache::default();
+        fresh.sync_start(&pods());
+        assert!(
+            fresh
+                .watch(&KindKey::of(&pods()), None, |_, _| true)
+                .is_none()
+        );
     }
 
     #[test]

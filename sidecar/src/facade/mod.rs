@@ -2,9 +2,9 @@
 //! path per account (`/accounts/<name>/...`) plus the accounts API
 //! (`/v1/accounts`). A request is answered, in this order, from the
 //! discovery snapshot ([`read::discovery`]), from the cache
-//! ([`route::from_cache`], [`read::resource`]), or relayed live to the agent
-//! ([`relay`]). Every error is a `metav1.Status` from `spinlink-kube-api`, answered
-//! by [`body::status`].
+//! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]), or
+//! relayed live to the agent ([`relay`]). Every error is a `metav1.Status`
+//! from `spinlink-kube-api`, answered by [`body::status`].
 //!
 //! While an account is stale (its agent went away, the grace period runs),
 //! reads the cache can answer are served with a `Warning` header saying how
@@ -16,6 +16,7 @@ pub mod body;
 pub mod read;
 pub mod relay;
 pub mod route;
+pub mod watch;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ pub struct Facade {
     relay_timeout: Duration,
     metrics: Metrics,
     ownership: Option<Arc<Ownership>>,
+    watch: watch::Settings,
 }
 
 impl Facade {
@@ -55,7 +57,23 @@ impl Facade {
             relay_timeout,
             metrics: Metrics::default(),
             ownership: None,
+            watch: watch::Settings::default(),
         }
+    }
+
+    /// Ends the watches served from the cache when `shutdown` fires.
+    #[must_use]
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.watch.shutdown = shutdown;
+        self
+    }
+
+    /// Sends bookmarks on cache-served watches every `interval` (default
+    /// [`watch::DEFAULT_BOOKMARK_INTERVAL`]).
+    #[must_use]
+    pub fn with_bookmark_interval(mut self, interval: Duration) -> Self {
+        self.watch.bookmark_interval = interval;
+        self
     }
 
     /// Forwards requests for accounts other sidecars own (see
@@ -69,6 +87,7 @@ impl Facade {
     /// Counts requests in `metrics` (and serves them at `/metrics`).
     #[must_use]
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.watch.metrics = metrics.clone();
         self.metrics = metrics;
         self
     }
@@ -118,6 +137,16 @@ impl Facade {
                     "account \"{name}\" is not served by this sidecar (its owner moved); retry"
                 ));
             }
+            // Between owners (one drained or died, its agent is reconnecting
+            // to another): the account exists, so "not found" would be a lie
+            // clients act on.
+            if let Some(own) = &self.ownership
+                && own.recently_served(&name).await
+            {
+                return ownership::retryable(format!(
+                    "account \"{name}\" is moving between sidecars; retry"
+                ));
+            }
             return body::status(&Status::not_found_message(format!(
                 "account \"{name}\" not found"
             )));
@@ -141,7 +170,9 @@ impl Facade {
             let cached = read::discovery(&account, &k8s_path, &accept).or_else(|| {
                 let rp = rp.as_ref()?;
                 let query = Query::parse(req.uri().query());
-                if route::from_cache(req.method(), rp, &query, req.headers()) {
+                if route::watch_from_cache(req.method(), rp, &query) {
+                    watch::serve(&account, rp, &query, &accept, &self.watch)
+                } else if route::from_cache(req.method(), rp, &query, req.headers()) {
                     read::resource(&account, rp, &query, &accept)
                 } else {
                     None
@@ -167,7 +198,12 @@ impl Facade {
                 ),
             );
             relay::record_refusal(&account, &req, &k8s_path, &status);
-            return body::status(&status);
+            // Its agent is expected back (within the grace period): clients
+            // retry rather than fail.
+            let mut resp = body::status(&status);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return resp;
         }
         self.metrics.request(&name, verb, Source::Relay);
         let started = std::time::Instant::now();
@@ -237,6 +273,10 @@ pub async fn serve(listener: TcpListener, facade: Facade, shutdown: Cancellation
             }
         });
     }
+    // Refuse new connections at once rather than leave them queued in the
+    // backlog until the process exits (a load balancer or Service then
+    // sends them to another instance).
+    drop(listener);
     // Each connection task bounds its own drain.
     while conns.join_next().await.is_some() {}
 }

@@ -96,7 +96,8 @@ impl Query {
             .map(|(_, v)| v.as_str())
     }
 
-    fn flag(&self, key: &str) -> bool {
+    /// Whether `key` is `true` or `1`.
+    pub fn flag(&self, key: &str) -> bool {
         matches!(self.get(key), Some("true" | "1"))
     }
 }
@@ -128,6 +129,16 @@ pub fn from_cache(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|c| c.starts_with("kubectl apply"));
     !apply
+}
+
+/// Whether a WATCH may be answered from the cache (if the kind is cached
+/// and [`super::watch::serve`] takes its options): a watch of a collection,
+/// not of one object's path (deprecated, and what it means is the server's).
+pub fn watch_from_cache(method: &Method, path: &ResourcePath, query: &Query) -> bool {
+    method == Method::GET
+        && path.subresource.is_empty()
+        && path.name.is_none()
+        && query.flag("watch")
 }
 
 #[cfg(test)]
@@ -218,6 +229,18 @@ mod tests {
             &rp("/api/v1/namespaces/d/pods/p/log"),
             &q(""),
             &h
+        ));
+        assert!(watch_from_cache(&Method::GET, &list, &q("watch=true")));
+        assert!(watch_from_cache(
+            &Method::GET,
+            &list,
+            &q("watch=1&resourceVersion=5")
+        ));
+        assert!(!watch_from_cache(&Method::GET, &list, &q("watch=false")));
+        assert!(!watch_from_cache(
+            &Method::GET,
+            &rp("/api/v1/namespaces/d/pods/p"),
+            &q("watch=1")
         ));
         let mut apply = HeaderMap::new();
         apply.insert("kubectl-command", "kubectl apply".parse().unwrap());

@@ -75,18 +75,28 @@ pub struct Ownership {
     instance: String,
     facade_url: String,
     lease: Duration,
+    grace: Duration,
     owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
     client: Client<HttpConnector, ForwardBody>,
 }
 
 impl Ownership {
-    /// Ownership for `instance`, whose facade answers at `facade_url`.
-    pub fn new(store: Store, instance: &str, facade_url: &str, lease: Duration) -> Arc<Self> {
+    /// Ownership for `instance`, whose facade answers at `facade_url`; an
+    /// account offline for less than `grace` is expected back
+    /// ([`Ownership::recently_served`]).
+    pub fn new(
+        store: Store,
+        instance: &str,
+        facade_url: &str,
+        lease: Duration,
+        grace: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             instance: instance.to_owned(),
             facade_url: facade_url.trim_end_matches('/').to_owned(),
             lease,
+            grace,
             owners: Mutex::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         })
@@ -182,6 +192,23 @@ impl Ownership {
             Err(e) => {
                 tracing::warn!(%account, error = %e, "looking up the owner's address failed");
                 None
+            }
+        }
+    }
+
+    /// Whether some sidecar of this store serves `account` or did within the
+    /// grace period: it is between owners (one drained or died and its agent
+    /// is reconnecting elsewhere), not unknown.
+    pub async fn recently_served(&self, account: &str) -> bool {
+        match self.store.account(account).await {
+            Ok(Some(row)) => {
+                let age = chrono::Utc::now().timestamp_millis() - row.last_seen;
+                row.state == "online" || u128::try_from(age).unwrap_or(0) < self.grace.as_millis()
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(%account, error = %e, "reading the account failed");
+                false
             }
         }
     }

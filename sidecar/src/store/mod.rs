@@ -313,6 +313,24 @@ impl Store {
         })
     }
 
+    /// The recorded account `name`, if any.
+    pub async fn account(&self, name: &str) -> Result<Option<AccountRow>> {
+        let sql = "SELECT name, agent_identity, state, first_seen, last_seen FROM accounts
+             WHERE name = $1";
+        with_pool!(self, pool => {
+            let Some(r) = sqlx::query(sql).bind(name).fetch_optional(pool).await? else {
+                return Ok(None);
+            };
+            Ok(Some(AccountRow {
+                name: r.try_get("name")?,
+                agent_identity: r.try_get("agent_identity")?,
+                state: r.try_get("state")?,
+                first_seen: r.try_get("first_seen")?,
+                last_seen: r.try_get("last_seen")?,
+            }))
+        })
+    }
+
     /// Records that `account` names the cluster whose CA has `fingerprint`.
     /// Returns the fingerprint already held when it is a different cluster
     /// (`Some`), else records it (`None`). An empty fingerprint (unknown)
