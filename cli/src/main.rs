@@ -108,6 +108,20 @@ struct KubeSimArgs {
     /// `app=app-<i mod 1000>`), for benchmarks.
     #[arg(long, default_value_t = 0)]
     seed_pods: usize,
+    /// Churn configmaps (create, update, delete) in namespace `churn`, one
+    /// write every this many milliseconds; 0 is no churn.
+    #[arg(long, default_value_t = 0)]
+    churn_interval_millis: u64,
+    /// Seed of the churn's random choices.
+    #[arg(long, default_value_t = 1)]
+    churn_seed: u64,
+    /// At most this many churned configmaps exist at once.
+    #[arg(long, default_value_t = spinlink_kube_sim::config::DEFAULT_CHURN_MAX_OBJECTS)]
+    churn_max_objects: usize,
+    /// Churn stops for good once this file exists (tests stop it before
+    /// comparing caches with the cluster).
+    #[arg(long)]
+    churn_stop_file: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -202,6 +216,25 @@ async fn run(command: Command) -> anyhow::Result<()> {
             if args.seed_pods > 0 {
                 sim.seed_pods(args.seed_pods)
                     .map_err(|s| anyhow::anyhow!("seeding pods: {}", s.message))?;
+            }
+            if args.churn_interval_millis > 0 {
+                let config = spinlink_kube_sim::ChurnConfig {
+                    interval: Duration::from_millis(args.churn_interval_millis),
+                    seed: args.churn_seed,
+                    max_objects: args.churn_max_objects,
+                    ..Default::default()
+                };
+                let churning = shutdown.child_token();
+                sim.spawn_churn(config, churning.clone());
+                if let Some(file) = args.churn_stop_file.clone() {
+                    tokio::spawn(async move {
+                        while !churning.is_cancelled() && !file.exists() {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        churning.cancel();
+                        println!("churn: stopped");
+                    });
+                }
             }
             let server = spinlink_kube_sim::Server::bind(sim, args.listen, None)
                 .await

@@ -3,14 +3,16 @@
 //! round-robin to the backends that accept (a refused backend is skipped,
 //! as an NLB's failed health check would); bytes are piped both ways; an
 //! idle cut, when set, closes connections with no traffic for that long, as
-//! an NLB's idle timeout does. Threads and blocking sockets: the tests are
-//! synchronous.
+//! an NLB's idle timeout does. Faults for the chaos test: [`Balancer::cut`]
+//! resets open connections, [`Balancer::stall`] holds their bytes back for a
+//! while (a path that stops forwarding without closing). Threads and blocking
+//! sockets: the tests are synchronous.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One balancer; stops accepting when dropped.
 pub struct Balancer {
@@ -26,6 +28,17 @@ struct Shared {
     stop: AtomicBool,
     /// Open connections per backend address.
     open: Mutex<Vec<(SocketAddr, usize)>>,
+    /// Every open connection: id, backend, a handle on the client socket
+    /// (to cut it) and until when its bytes are held back.
+    live: Mutex<Vec<Live>>,
+    ids: AtomicUsize,
+}
+
+struct Live {
+    id: usize,
+    backend: SocketAddr,
+    client: TcpStream,
+    stalled: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Balancer {
@@ -39,6 +52,8 @@ impl Balancer {
             idle,
             stop: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
+            live: Mutex::new(Vec::new()),
+            ids: AtomicUsize::new(0),
         });
         let s = shared.clone();
         std::thread::spawn(move || {
@@ -57,6 +72,43 @@ impl Balancer {
     /// Replaces the backends (a scaled or restarted gateway).
     pub fn set_backends(&self, backends: &[SocketAddr]) {
         *self.shared.backends.lock().unwrap() = backends.to_vec();
+    }
+
+    /// Resets every open connection (to `backend`, or to all with `None`),
+    /// as an NLB losing its flow table would; returns how many were cut.
+    pub fn cut(&self, backend: Option<SocketAddr>) -> usize {
+        let live = self.shared.live.lock().unwrap();
+        let mut n = 0;
+        for l in live
+            .iter()
+            .filter(|l| backend.is_none_or(|b| b == l.backend))
+        {
+            let _ = l.client.shutdown(Shutdown::Both);
+            n += 1;
+        }
+        n
+    }
+
+    /// Holds back the bytes of every open connection (to `backend`, or all)
+    /// for `d`: both peers see a path that stops forwarding, not a close.
+    /// Returns how many connections are stalled.
+    pub fn stall(&self, backend: Option<SocketAddr>, d: Duration) -> usize {
+        let until = Instant::now() + d;
+        let live = self.shared.live.lock().unwrap();
+        let mut n = 0;
+        for l in live
+            .iter()
+            .filter(|l| backend.is_none_or(|b| b == l.backend))
+        {
+            *l.stalled.lock().unwrap() = Some(until);
+            n += 1;
+        }
+        n
+    }
+
+    /// The backends configured now.
+    pub fn backends(&self) -> Vec<SocketAddr> {
+        self.shared.backends.lock().unwrap().clone()
     }
 
     /// Open connections to `backend`.
@@ -102,6 +154,16 @@ impl Shared {
             return; // Nothing accepts: the client sees its connection closed.
         };
         self.count(backend, 1);
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let stalled = Arc::new(Mutex::new(None::<Instant>));
+        if let Ok(handle) = client.try_clone() {
+            self.live.lock().unwrap().push(Live {
+                id,
+                backend,
+                client: handle,
+                stalled: stalled.clone(),
+            });
+        }
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
         // Idle means no bytes either way, so both directions share one clock.
@@ -110,13 +172,20 @@ impl Shared {
         let pipe = move |mut from: TcpStream,
                          mut to: TcpStream,
                          idle: Option<Duration>,
-                         last: Arc<AtomicUsize>| {
+                         last: Arc<AtomicUsize>,
+                         stalled: Arc<Mutex<Option<Instant>>>| {
             let _ = from.set_read_timeout(idle.map(|d| d / 4));
             let mut buf = [0u8; 16 * 1024];
             loop {
                 match from.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
+                        // A stalled path forwards nothing until the stall ends
+                        // (bounded: the stall has a fixed end).
+                        let until = *stalled.lock().unwrap();
+                        if let Some(until) = until {
+                            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                        }
                         last.store(born.elapsed().as_millis() as usize, Ordering::Relaxed);
                         if to.write_all(&buf[..n]).is_err() {
                             break;
@@ -145,9 +214,11 @@ impl Shared {
         let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
         let idle = self.idle;
         let last2 = last.clone();
-        let up = std::thread::spawn(move || pipe(c2, s2, idle, last2));
-        pipe(server, client, idle, last);
+        let stalled2 = stalled.clone();
+        let up = std::thread::spawn(move || pipe(c2, s2, idle, last2, stalled2));
+        pipe(server, client, idle, last, stalled);
         let _ = up.join();
+        self.live.lock().unwrap().retain(|l| l.id != id);
         self.count(backend, -1);
     }
 }

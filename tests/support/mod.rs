@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod scale;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -84,6 +85,34 @@ impl Proc {
         }
     }
 
+    /// Like [`Proc::wait_line`], but `None` once the process has exited
+    /// without printing it (a port still taken, say).
+    pub fn try_wait_line(&mut self, prefix: &str) -> Option<String> {
+        if let Some(line) = self.seen.iter().find(|l| l.starts_with(prefix)) {
+            return Some(line[prefix.len()..].trim().to_owned());
+        }
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return Some(rest.trim().to_owned());
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        None
+    }
+
+    /// Like [`Proc::listening`], but `None` once the process has exited.
+    pub fn try_listening(&mut self, what: &str) -> Option<SocketAddr> {
+        self.try_wait_line(&format!("listening: {what} "))
+            .and_then(|rest| rest.parse().ok())
+    }
+
     /// Waits for `listening: <what> <addr>`.
     pub fn listening(&mut self, what: &str) -> SocketAddr {
         let rest = self.wait_line(&format!("listening: {what} "));
@@ -112,8 +141,23 @@ impl Proc {
 
     /// Sends SIGINT (what Ctrl-C sends) and waits for the exit status.
     pub fn interrupt(&mut self) -> std::process::ExitStatus {
+        self.signal_and_wait("-INT")
+    }
+
+    /// Sends SIGTERM (what Kubernetes sends a pod it stops) and waits for
+    /// the exit status: the process drains first.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal_and_wait("-TERM")
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        let _ = Command::new("kill").args([signal, &pid]).status();
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("waiting for child") {
@@ -121,7 +165,7 @@ impl Proc {
             }
             assert!(
                 Instant::now() < deadline,
-                "{} did not stop after SIGINT",
+                "{} did not stop after {signal}",
                 self.name
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -267,16 +311,26 @@ pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 
 /// A plain HTTP/1.1 request on loopback; returns status and body.
 pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connecting");
+    try_http(addr, method, path, headers).unwrap_or_else(|| panic!("no answer from {addr}"))
+}
+
+/// Like [`http`], but `None` when nothing answers (a process restarting).
+pub fn try_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     stream.set_read_timeout(Some(WAIT)).unwrap();
     let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
+    stream.write_all(request.as_bytes()).ok()?;
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
+    stream.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
@@ -292,7 +346,7 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]
     } else {
         body.to_owned()
     };
-    (status, body)
+    Some((status, body))
 }
 
 fn dechunk(mut body: &str) -> String {
