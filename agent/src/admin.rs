@@ -1,6 +1,8 @@
 //! The admin port (`admin.listen`): `/healthz` (the process serves),
 //! `/readyz` (connected to a gateway), `/metrics` (Prometheus text format,
-//! [`crate::metrics`]), `/accounts` (each account's state, JSON). Plain HTTP/1.1, meant for the kubelet and a scraper
+//! [`crate::metrics`]), `/accounts` (each account's state, JSON), `/watches`
+//! (each running watch per account and kind, JSON:
+//! [`crate::cache::active`]). Plain HTTP/1.1, meant for the kubelet and a scraper
 //! inside the cluster; it never carries cluster data.
 
 use std::convert::Infallible;
@@ -108,6 +110,10 @@ pub fn answer(
             let body = serde_json::json!({"connected": state.connected, "accounts": accounts});
             reply(http::StatusCode::OK, "application/json", body.to_string())
         }
+        "/watches" => {
+            let body = serde_json::json!({"watches": metrics.active.snapshot()});
+            reply(http::StatusCode::OK, "application/json", body.to_string())
+        }
         _ => reply(http::StatusCode::NOT_FOUND, text, "not found\n".into()),
     }
 }
@@ -150,6 +156,38 @@ mod tests {
         assert_eq!(v["accounts"]["dev"]["state"], "synced");
         assert_eq!(v["accounts"]["other"]["reason"], "not yours");
         assert_eq!(body(answer(&get, "/nope", &m, &state)).await.0, 404);
+        // `/watches`: one row per running watch, gone with it.
+        let (status, text) = body(answer(&get, "/watches", &m, &state)).await;
+        assert_eq!((status, text.as_str()), (200, r#"{"watches":[]}"#));
+        let row = m.active.register("dev", "pods");
+        row.listing();
+        row.watching("42");
+        row.event("43", 1_700_000_000_000);
+        let (_, text) = body(answer(&get, "/watches", &m, &state)).await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let w = &v["watches"][0];
+        assert_eq!(
+            (
+                &w["account"],
+                &w["kind"],
+                &w["phase"],
+                &w["resourceVersion"]
+            ),
+            (
+                &serde_json::json!("dev"),
+                &serde_json::json!("pods"),
+                &serde_json::json!("watching"),
+                &serde_json::json!("43")
+            )
+        );
+        assert_eq!(
+            (&w["eventsSent"], &w["relists"], &w["gone"]),
+            (&1.into(), &1.into(), &0.into())
+        );
+        assert_eq!(w["lastEventUnixMillis"], 1_700_000_000_000_i64);
+        drop(row);
+        let (_, text) = body(answer(&get, "/watches", &m, &state)).await;
+        assert_eq!(text, r#"{"watches":[]}"#);
         assert_eq!(
             body(answer(&http::Method::POST, "/healthz", &m, &state))
                 .await

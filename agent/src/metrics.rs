@@ -70,6 +70,9 @@ pub struct Metrics {
     pub reloads: Family<ResultLabels, Counter>,
     /// Messages in the unacked window, per account.
     pub unacked: Family<AccountLabels, Gauge>,
+    /// The watches running now (the admin port's `/watches`; not exported
+    /// as metrics).
+    pub active: crate::cache::active::WatchTable,
 }
 
 impl Default for Metrics {
@@ -141,6 +144,7 @@ impl Metrics {
             token_renewals,
             reloads,
             unacked,
+            active: crate::cache::active::WatchTable::default(),
         }
     }
 

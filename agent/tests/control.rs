@@ -11,7 +11,7 @@ mod chain_support;
 use std::time::Duration;
 
 use chain_support::{
-    MOVES, RELISTS, WAIT, WATCHES_RELAYED, balancer, chain, configmap, metric, start_gateway,
+    MOVES, RELISTS, WAIT, WATCHES_RELAYED, balancer, chain, configmap, secret, metric, start_gateway,
     wait_until,
 };
 use serde_json::json;
@@ -35,7 +35,7 @@ async fn a_draining_gateway_hands_over_without_failing_a_relay() {
     // A relayed watch, in flight on gw1's connection while gw1 drains.
     let rv = chain.sim.resource_version();
     let watch = chain.get(&format!(
-        "/api/v1/namespaces/demo/configmaps?watch=1&timeoutSeconds=4&resourceVersion={rv}"
+        "/api/v1/namespaces/demo/secrets?watch=1&timeoutSeconds=4&resourceVersion={rv}"
     ));
     wait_until("the watch to be relayed", || {
         metric(&metrics.encode(), WATCHES_RELAYED) == 1
@@ -47,6 +47,7 @@ async fn a_draining_gateway_hands_over_without_failing_a_relay() {
     gw1.stop.cancel();
     wait_until("the move", || metric(&metrics.encode(), MOVES) == 1).await;
     chain.sim.create(configmap("during-move")).unwrap();
+    chain.sim.create(secret("during-move")).unwrap();
 
     let (status, body) = watch.await.unwrap();
     assert!(status.contains("200"), "{status}\n{body}");
@@ -72,7 +73,7 @@ async fn a_draining_gateway_hands_over_without_failing_a_relay() {
     assert!(lb.open_to(gw2.addr) >= 1);
     // New relayed requests go over the new connection.
     let (status, _) = chain
-        .get("/api/v1/namespaces/demo/configmaps?watch=1&timeoutSeconds=1")
+        .get("/api/v1/namespaces/demo/secrets?watch=1&timeoutSeconds=1")
         .await
         .unwrap();
     assert!(status.contains("200"), "{status}");
@@ -116,8 +117,9 @@ async fn connections_past_their_maximum_age_are_replaced_without_a_gap() {
     // Relayed watches and changes run across several moves.
     let mut n = 0;
     while metric(&metrics.encode(), MOVES) < 3 {
-        let watch = chain.get("/api/v1/namespaces/demo/configmaps?watch=1&timeoutSeconds=1");
+        let watch = chain.get("/api/v1/namespaces/demo/secrets?watch=1&timeoutSeconds=1");
         chain.sim.create(configmap(&format!("churn-{n}"))).unwrap();
+        chain.sim.create(secret(&format!("churn-{n}"))).unwrap();
         n += 1;
         let (status, body) = watch.await.unwrap();
         assert!(status.contains("200"), "relay {n} failed: {status}\n{body}");

@@ -43,7 +43,7 @@ async fn the_lease_holder_caches_and_a_survivor_takes_over() {
     tokio::time::timeout(WAIT, async {
         loop {
             let (status, _) = chain
-                .get("/api/v1/namespaces/demo/configmaps?watch=1&timeoutSeconds=1")
+                .get("/api/v1/namespaces/demo/secrets?watch=1&timeoutSeconds=1")
                 .await
                 .unwrap();
             assert!(status.contains("200"), "{status}");

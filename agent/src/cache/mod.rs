@@ -9,6 +9,7 @@
 //! them. Down the stream come acks (which free the window), resync requests
 //! (which make kinds list again) and heartbeats.
 
+pub mod active;
 pub mod outbox;
 pub mod watch;
 

@@ -29,6 +29,7 @@ use spinlink_proto::v1::{self, cache_up, watch_event};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tracing::{debug, info, warn};
 
+use super::active::WatchRow;
 use super::outbox::Outbox;
 use crate::backoff::Backoff;
 use crate::kinds::{KindFilter, WatchedKind};
@@ -122,6 +123,8 @@ pub struct KindWatch {
     kind: WatchedKind,
     resync: Arc<Notify>,
     report: mpsc::Sender<Report>,
+    /// Its row in `/watches`, removed when the loop ends.
+    row: WatchRow,
 }
 
 /// How the loop starts.
@@ -218,11 +221,13 @@ impl KindWatch {
         resync: Arc<Notify>,
         report: mpsc::Sender<Report>,
     ) -> Self {
+        let row = ctx.metrics.active.register(&ctx.account, &kind.qualified());
         Self {
             ctx,
             kind,
             resync,
             report,
+            row,
         }
     }
 
@@ -277,6 +282,9 @@ impl KindWatch {
                 },
             };
             backoff.reset();
+            self.row.watching(&lowest(
+                &from.iter().map(|(_, rv)| rv.clone()).collect::<Vec<_>>(),
+            ));
             if !reported {
                 reported = true;
                 if self
@@ -299,6 +307,7 @@ impl KindWatch {
                         return; // stopped
                     }
                     self.ctx.metrics.gone.get_or_create(&self.labels()).inc();
+                    self.row.gone();
                     info!(account = %self.ctx.account, kind = %self.kind.qualified(), "410 Gone: listing again");
                 }
                 () = self.resync.notified() => {
@@ -383,6 +392,7 @@ impl KindWatch {
             .map_err(|_| Error::Stopped)?;
         'listing: loop {
             self.ctx.metrics.relists.get_or_create(&self.labels()).inc();
+            self.row.listing();
             let mut started = false;
             let mut rvs = Vec::new();
             for scope in self.scopes() {
@@ -517,9 +527,11 @@ impl KindWatch {
                 object: Vec::new(),
             }))
             .await;
+            self.row.bookmark(rv);
             return Ok(());
         }
         self.push_object(ty, object).await;
+        self.row.event(rv, super::unix_millis());
         Ok(())
     }
 }
