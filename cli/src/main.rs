@@ -108,6 +108,11 @@ struct KubeSimArgs {
     /// `app=app-<i mod 1000>`), for benchmarks.
     #[arg(long, default_value_t = 0)]
     seed_pods: usize,
+    /// Also create this many objects spread over ten kinds (pods, configmaps,
+    /// secrets, services, deployments, replicasets, serviceaccounts,
+    /// endpoints, events and a custom resource), for the agent's benchmarks.
+    #[arg(long, default_value_t = 0)]
+    seed_objects: usize,
     /// Churn configmaps (create, update, delete) in namespace `churn`, one
     /// write every this many milliseconds; 0 is no churn.
     #[arg(long, default_value_t = 0)]
@@ -216,6 +221,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             if args.seed_pods > 0 {
                 sim.seed_pods(args.seed_pods)
                     .map_err(|s| anyhow::anyhow!("seeding pods: {}", s.message))?;
+            }
+            if args.seed_objects > 0 {
+                sim.seed_objects(args.seed_objects)
+                    .map_err(|s| anyhow::anyhow!("seeding objects: {}", s.message))?;
             }
             if args.churn_interval_millis > 0 {
                 let config = spinlink_kube_sim::ChurnConfig {
