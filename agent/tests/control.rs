@@ -11,8 +11,8 @@ mod chain_support;
 use std::time::Duration;
 
 use chain_support::{
-    MOVES, RELISTS, WAIT, WATCHES_RELAYED, balancer, chain, configmap, secret, metric, start_gateway,
-    wait_until,
+    MOVES, RELISTS, WAIT, WATCHES_RELAYED, balancer, chain, configmap, metric, secret,
+    start_gateway, wait_until,
 };
 use serde_json::json;
 
