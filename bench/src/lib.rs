@@ -6,12 +6,22 @@
 //! Start at `main.rs` for the subcommands, then [`chain`] (kube-sim and
 //! `spinlink dev` as separate processes on loopback), [`load`] (the bounded
 //! HTTP load loop) and the benchmarks: [`facade_list`], [`selector_latency`],
-//! [`cache_memory`], and [`spread`] (the gateway's account spread over sidecars).
+//! [`cache_memory`], [`spread`] (the gateway's account spread over sidecars),
+//! [`grpc_proxy`] (issue 4: the gateway against nginx, HAProxy and Envoy),
+//! and the agent's (issue 3, the agent in a process of its own:
+//! [`agent_chain`]): [`agent_memory`] and [`agent_sync`].
 
+pub mod agent_chain;
+pub mod agent_memory;
+pub mod agent_sync;
 pub mod alloc;
 pub mod cache_memory;
 pub mod chain;
 pub mod facade_list;
+pub mod grpc_echo;
+pub mod grpc_peers;
+pub mod grpc_proxy;
+pub mod grpc_wire;
 pub mod load;
 pub mod machine;
 pub mod report;

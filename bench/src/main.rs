@@ -73,6 +73,53 @@ enum Bench {
         #[arg(long)]
         in_process_only: bool,
     },
+    /// Issue 4: the gateway against nginx, HAProxy and Envoy (gRPC, mTLS).
+    #[command(subcommand)]
+    GrpcProxy(spinlink_bench::grpc_proxy::Command),
+    /// Issue 3: the agent's RSS (own process) after sync and churn, at
+    /// several object counts over ten kinds.
+    AgentMemory {
+        /// Object counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [10_000, 100_000])]
+        objects: Vec<usize>,
+        /// Runs per object count.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seconds to settle before each reading.
+        #[arg(long, default_value_t = 5)]
+        settle: u64,
+        /// Configmap patches per second during churn.
+        #[arg(long, default_value_t = 1000.0)]
+        churn_rate: f64,
+        /// Seconds of churn.
+        #[arg(long, default_value_t = 20)]
+        churn: u64,
+        /// Extra agent configuration (YAML appended to its file).
+        #[arg(long, default_value = "")]
+        agent_extra: String,
+    },
+    /// Issue 3: the agent's initial sync throughput and a change's latency
+    /// through the facade WATCH.
+    AgentSync {
+        /// Objects in the cluster, over ten kinds.
+        #[arg(long, default_value_t = 100_000)]
+        objects: usize,
+        /// Sync runs (the latency is measured on the last one's chain).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Configmap patches per second.
+        #[arg(long, default_value_t = 2000.0)]
+        rate: f64,
+        /// Seconds of writing.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Writer connections.
+        #[arg(long, default_value_t = 8)]
+        writers: usize,
+        /// Extra agent configuration (YAML appended to its file).
+        #[arg(long, default_value = "")]
+        agent_extra: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +198,55 @@ fn main() -> anyhow::Result<()> {
                     dir: dir.clone(),
                 };
                 cache_memory::run(&opts, &mut r)?;
+                r
+            }
+            Bench::GrpcProxy(cmd) => {
+                let mut r = Report::new("Gateway vs peers (issue 4)", &command);
+                spinlink_bench::grpc_proxy::command(cmd, spinlink, dir.clone(), &mut r)?;
+                r
+            }
+            Bench::AgentMemory {
+                objects,
+                runs,
+                settle,
+                churn_rate,
+                churn,
+                agent_extra,
+            } => {
+                let mut r = Report::new("Agent memory (issue 3)", &command);
+                let opts = spinlink_bench::agent_memory::Options {
+                    spinlink,
+                    objects,
+                    runs,
+                    settle: std::time::Duration::from_secs(settle),
+                    churn_rate,
+                    churn: std::time::Duration::from_secs(churn),
+                    agent_extra: agent_extra.replace("\\n", "\n"),
+                    dir: dir.clone(),
+                };
+                spinlink_bench::agent_memory::run(&opts, &mut r)?;
+                r
+            }
+            Bench::AgentSync {
+                objects,
+                runs,
+                rate,
+                seconds,
+                writers,
+                agent_extra,
+            } => {
+                let mut r = Report::new("Agent sync and propagation latency (issue 3)", &command);
+                let opts = spinlink_bench::agent_sync::Options {
+                    spinlink,
+                    objects,
+                    runs,
+                    rate,
+                    duration: std::time::Duration::from_secs(seconds),
+                    writers,
+                    agent_extra: agent_extra.replace("\\n", "\n"),
+                    dir: dir.clone(),
+                };
+                spinlink_bench::agent_sync::run(&opts, &mut r)?;
                 r
             }
         })

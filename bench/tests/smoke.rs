@@ -56,3 +56,27 @@ fn cache_memory_runs_tiny() {
     assert!(out.contains("× the JSON size"), "{out}");
     assert!(out.contains("RSS delta / gauge delta"), "{out}");
 }
+
+#[test]
+fn grpc_proxy_runs_tiny() {
+    // No peers: the backend directly and the gateway's agent path only.
+    let out = bench(&[
+        "grpc-proxy",
+        "run",
+        "--runs",
+        "1",
+        "--seconds",
+        "0.3",
+        "--bidi-streams",
+        "4",
+        "--latency-requests",
+        "20",
+        "--handshake-concurrency",
+        "1",
+        "--idle-conns",
+        "10",
+    ]);
+    assert!(out.contains("| direct | "), "{out}");
+    assert!(out.contains("| gateway | "), "{out}");
+    assert!(out.contains("memory gateway: RSS"), "{out}");
+}
