@@ -70,6 +70,9 @@ pub struct Metrics {
     pub reloads: Family<ResultLabels, Counter>,
     /// Messages in the unacked window, per account.
     pub unacked: Family<AccountLabels, Gauge>,
+    /// Age of the oldest unacknowledged message, in seconds, per account:
+    /// how far the sidecar's cache is behind what the agent has seen.
+    pub lag: Family<AccountLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
     pub active: crate::cache::active::WatchTable,
@@ -96,6 +99,7 @@ impl Metrics {
         let token_renewals = Counter::default();
         let reloads = Family::<ResultLabels, Counter>::default();
         let unacked = Family::<AccountLabels, Gauge>::default();
+        let lag = Family::<AccountLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register("events", "Watch events sent", events.clone());
         registry.register("bytes", "Object bytes sent", bytes.clone());
         registry.register("watches", "Watches running", watches.clone());
@@ -131,6 +135,12 @@ impl Metrics {
             "Messages sent and not acknowledged",
             unacked.clone(),
         );
+        registry.register_with_unit(
+            "delivery_lag",
+            "Age of the oldest message not yet acknowledged by the sidecar",
+            prometheus_client::registry::Unit::Seconds,
+            lag.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             events,
@@ -144,6 +154,7 @@ impl Metrics {
             token_renewals,
             reloads,
             unacked,
+            lag,
             active: crate::cache::active::WatchTable::default(),
         }
     }
@@ -199,7 +210,16 @@ mod tests {
                 kind: "pods".into(),
             })
             .inc_by(3);
+        m.lag
+            .get_or_create(&AccountLabels {
+                account: "dev".into(),
+            })
+            .set(1.5);
         let text = m.encode();
+        assert!(
+            text.contains("spinlink_agent_delivery_lag_seconds{account=\"dev\"} 1.5"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "spinlink_agent_relays_total{account=\"dev\",verb=\"delete\",outcome=\"denied\"} 1"

@@ -166,7 +166,14 @@ pub async fn run(
     };
     let mut tasks = JoinSet::new();
     tasks.spawn(watches.run(resync_rx, Box::new(on_synced)));
-    tasks.spawn(heartbeat(outbox.clone(), settings.heartbeat));
+    let lag = settings
+        .metrics
+        .lag
+        .get_or_create(&AccountLabels {
+            account: account.clone(),
+        })
+        .clone();
+    tasks.spawn(heartbeat(outbox.clone(), settings.heartbeat, lag.clone()));
 
     let gauge = settings
         .metrics
@@ -180,6 +187,7 @@ pub async fn run(
             trace!(%account, seq = ack.seq, "ack");
             outbox.ack(ack.seq);
             gauge.set(i64::try_from(outbox.unacked()).unwrap_or(i64::MAX));
+            lag.set(outbox.lag().as_secs_f64());
         }
         Some(cache_down::Msg::Resync(r)) => {
             info!(%account, kinds = r.kinds.len(), "resync requested");
@@ -331,12 +339,19 @@ impl Watches {
     }
 }
 
-async fn heartbeat(outbox: Arc<Outbox>, period: Duration) {
+async fn heartbeat(
+    outbox: Arc<Outbox>,
+    period: Duration,
+    lag: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+) {
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate
     loop {
         ticks.tick().await;
+        // Acks refresh the lag; when they stop coming, so does that, so the
+        // heartbeat refreshes it too (before its own message joins the window).
+        lag.set(outbox.lag().as_secs_f64());
         let beat = cache_up::Msg::Heartbeat(v1::Heartbeat {
             unix_millis: unix_millis(),
         });

@@ -40,6 +40,9 @@ struct Inner {
     acked: u64,
     /// Kinds whose listing began (`SyncStart`) and has not ended.
     listing: BTreeSet<WatchedKind>,
+    /// When each message of `window` was pushed, in the same order (the
+    /// delivery lag is the age of the oldest).
+    pushed_at: VecDeque<tokio::time::Instant>,
     /// Messages pushed since creation (for metrics).
     pushed: u64,
     /// The leadership term the numbering belongs to (0: no election).
@@ -62,6 +65,7 @@ impl Outbox {
         Self {
             inner: Mutex::new(Inner {
                 window: VecDeque::new(),
+                pushed_at: VecDeque::new(),
                 last_seq: start,
                 acked: start,
                 listing: BTreeSet::new(),
@@ -107,6 +111,7 @@ impl Outbox {
                 seq,
                 msg: Some(msg),
             });
+            inner.pushed_at.push_back(tokio::time::Instant::now());
             seq
         };
         self.added.notify_waiters();
@@ -128,6 +133,7 @@ impl Outbox {
             inner.term = term;
             let freed = inner.window.len();
             inner.window.clear();
+            inner.pushed_at.clear();
             inner.listing.clear();
             let from = inner.last_seq.max(start);
             inner.last_seq = from;
@@ -150,6 +156,7 @@ impl Outbox {
             let mut freed = 0;
             while inner.window.front().is_some_and(|m| m.seq <= seq) {
                 inner.window.pop_front();
+                inner.pushed_at.pop_front();
                 freed += 1;
             }
             freed
@@ -165,6 +172,16 @@ impl Outbox {
     /// Messages in the window.
     pub fn unacked(&self) -> usize {
         self.lock().window.len()
+    }
+
+    /// How long the oldest unacknowledged message has waited: the delivery
+    /// lag (zero when everything is acknowledged).
+    pub fn lag(&self) -> std::time::Duration {
+        self.lock()
+            .pushed_at
+            .front()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
     }
 
     /// The window's capacity.
@@ -215,6 +232,7 @@ mod tests {
     use futures::StreamExt;
     use spinlink_proto::v1;
     use std::sync::Arc;
+    use std::time::Duration;
 
     fn beat(n: i64) -> cache_up::Msg {
         cache_up::Msg::Heartbeat(v1::Heartbeat { unix_millis: n })
@@ -254,6 +272,25 @@ mod tests {
         assert_eq!(outbox.acked(), 103);
         outbox.ack(1_000);
         assert_eq!((outbox.acked(), outbox.unacked()), (105, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lag_is_the_age_of_the_oldest_unacknowledged_message() {
+        let outbox = Outbox::new(10, 0);
+        assert_eq!(outbox.lag(), Duration::ZERO);
+        outbox.push(beat(1)).await;
+        tokio::time::advance(Duration::from_secs(3)).await;
+        outbox.push(beat(2)).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(outbox.lag(), Duration::from_secs(5));
+        outbox.ack(1);
+        assert_eq!(outbox.lag(), Duration::from_secs(2));
+        outbox.ack(2);
+        assert_eq!(outbox.lag(), Duration::ZERO);
+        outbox.push(beat(3)).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(outbox.start_term(1, 100));
+        assert_eq!(outbox.lag(), Duration::ZERO, "a new term drops the window");
     }
 
     #[tokio::test]
