@@ -259,52 +259,49 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let mut p50: Res = BTreeMap::new();
     let mut p99: Res = BTreeMap::new();
     let mut hs: Res = BTreeMap::new();
-    let n = targets.len();
-    for run in 0..opts.runs {
-        for i in 0..n {
-            let t = &targets[(run + i) % n];
-            let v = rt.block_on(bidi_rate(
-                &t.dialer,
-                opts.bidi_conns,
-                opts.bidi_streams,
-                msg.clone(),
-                secs,
-            ));
-            record(&mut bidi, t.name, v, "bidi");
-        }
-    }
-    for run in 0..opts.runs {
-        for i in 0..n {
-            let t = &targets[(run + i) % n];
-            let v = rt.block_on(unary_rate(
-                &t.dialer,
-                opts.unary_conns,
-                opts.unary_inflight,
-                msg.clone(),
-                secs,
-            ));
-            record(&mut unary, t.name, v, "unary");
-        }
-    }
-    for run in 0..opts.runs {
-        for i in 0..n {
-            let t = &targets[(run + i) % n];
-            match rt.block_on(latency(&t.dialer, opts.latency_requests, msg.clone())) {
-                Ok((a, b)) => {
-                    p50.entry(t.name).or_default().push(a);
-                    p99.entry(t.name).or_default().push(b);
-                }
-                Err(e) => eprintln!("  latency {}: {e:#}", t.name),
+    // Each run visits every target, starting one further along each time so
+    // no target is always first (or last) on a warming machine.
+    let each = |f: &mut dyn FnMut(&Target)| {
+        let n = targets.len();
+        for run in 0..opts.runs {
+            for i in 0..n {
+                f(&targets[(run + i) % n]);
             }
         }
-    }
-    for run in 0..opts.runs {
-        for i in 0..n {
-            let t = &targets[(run + i) % n];
-            let v = rt.block_on(handshake_rate(&t.dialer, opts.handshake_concurrency, secs));
-            record(&mut hs, t.name, v, "handshakes");
-        }
-    }
+    };
+    each(&mut |t| {
+        let v = rt.block_on(bidi_rate(
+            &t.dialer,
+            opts.bidi_conns,
+            opts.bidi_streams,
+            msg.clone(),
+            secs,
+        ));
+        record(&mut bidi, t.name, v, "bidi");
+    });
+    each(&mut |t| {
+        let v = rt.block_on(unary_rate(
+            &t.dialer,
+            opts.unary_conns,
+            opts.unary_inflight,
+            msg.clone(),
+            secs,
+        ));
+        record(&mut unary, t.name, v, "unary");
+    });
+    each(
+        &mut |t| match rt.block_on(latency(&t.dialer, opts.latency_requests, msg.clone())) {
+            Ok((a, b)) => {
+                p50.entry(t.name).or_default().push(a);
+                p99.entry(t.name).or_default().push(b);
+            }
+            Err(e) => eprintln!("  latency {}: {e:#}", t.name),
+        },
+    );
+    each(&mut |t| {
+        let v = rt.block_on(handshake_rate(&t.dialer, opts.handshake_concurrency, secs));
+        record(&mut hs, t.name, v, "handshakes");
+    });
     drop(rt);
 
     let med = |m: &Res, name: &str| m.get(name).map(|v| median(v));
