@@ -79,6 +79,14 @@ async fn cache_stream_carried(sidecar: &FakeSidecar, yaml: String, pki: &Pki) {
     assert_eq!(all("x-agent-note"), ["kept"]);
     assert_eq!(sidecar.record.lock().unwrap().messages, 5);
     assert_eq!(gw.stats.snapshot().streams_forwarded, 1);
+    // Bytes are counted both ways: at least the 5-byte gRPC frame header
+    // of each of the 5 messages.
+    let metrics = gw.stats.metrics();
+    let (up, down) = (
+        metrics.bytes_counter(true).get(),
+        metrics.bytes_counter(false).get(),
+    );
+    assert!(up >= 25 && down >= 25, "up {up}, down {down}");
 }
 
 #[tokio::test]

@@ -389,9 +389,15 @@ impl Metrics {
 
     /// Counts message bytes, `up` (agent → sidecar) or down.
     pub fn carried(&self, up: bool, n: u64) {
+        self.bytes_counter(up).inc_by(n);
+    }
+
+    /// The byte counter of one direction, to keep per stream rather than
+    /// look up per frame.
+    pub fn bytes_counter(&self, up: bool) -> Counter {
         let direction = if up { "up" } else { "down" };
         self.bytes
             .get_or_create(&DirectionLabel { direction })
-            .inc_by(n);
+            .clone()
     }
 }

@@ -104,8 +104,18 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
         return status::unavailable("no upstream instance");
     };
     let upstream = lease.instance().upstream();
+    let counted = shared.stats.metrics().bytes_counter(true);
     let upstream_req = match upstream_request(req, upstream.target(), identity, &account) {
-        Ok(r) => r,
+        Ok(r) => r.map(|body| {
+            // Agent → sidecar bytes, counted as they pass.
+            body.map_frame(move |frame| {
+                if let Some(data) = frame.data_ref() {
+                    counted.inc_by(data.len() as u64);
+                }
+                frame
+            })
+            .boxed_unsync()
+        }),
         Err(message) => {
             tracing::warn!(identity, account, method, message, "stream not forwardable");
             return status::internal(message);
@@ -132,11 +142,13 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
             metrics.streams_open.get_or_create(&label).inc();
             let stats = shared.stats.clone();
             let gone = Box::pin(lease.gone().clone().cancelled_owned());
+            let down = metrics.bytes_counter(false);
             response.map(|body| {
                 Body::new(UpstreamBody {
                     inner: Some(body),
                     url,
                     failed: false,
+                    down,
                     stats,
                     label,
                     gone,
@@ -252,6 +264,8 @@ struct UpstreamBody {
     inner: Option<Incoming>,
     url: String,
     failed: bool,
+    /// Sidecar → agent bytes.
+    down: prometheus_client::metrics::counter::Counter,
     stats: std::sync::Arc<Stats>,
     label: UpstreamLabel,
     /// Ready when the instance left the set or rotation.
@@ -298,7 +312,7 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    self.stats.metrics().carried(false, data.len() as u64);
+                    self.down.inc_by(data.len() as u64);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
