@@ -22,9 +22,7 @@ const SENTINEL: &str = "e2e-sentinel-value-4c1f9a7d2b";
 const SENTINEL_B64: &str = "ZTJlLXNlbnRpbmVsLXZhbHVlLTRjMWY5YTdkMmI=";
 
 fn yaml(dir: &Path, name: &str, text: String) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    support::write_file(dir, name, &text)
 }
 
 #[test]

@@ -17,9 +17,7 @@ use support::balancer::Balancer;
 use support::{Kubectl, Proc, http, wait_for, write_kubeconfig};
 
 fn yaml(dir: &Path, name: &str, text: String) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    support::write_file(dir, name, &text)
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 use support::balancer::Balancer;
-use support::{Proc, http, try_http, wait_for};
+use support::{Proc, free_port, http, try_http, wait_for};
 
 /// The balancer's idle cut.
 const IDLE_CUT: Duration = Duration::from_secs(3);
@@ -22,17 +22,7 @@ const IDLE_CUT: Duration = Duration::from_secs(3);
 const WINDOW: Duration = Duration::from_secs(10);
 
 fn yaml(dir: &Path, name: &str, text: String) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    support::write_file(dir, name, &text)
 }
 
 /// `spinlink_agent_connections_total` from the agent's admin port.

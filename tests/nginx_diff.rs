@@ -29,19 +29,11 @@ use spinlink_tls::dev::{DevCa, Leaf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use support::Proc;
+use support::{Proc, free_port};
 
 const NGINX: &str = "/usr/sbin/nginx";
 /// The client address every connection's PROXY header names.
 const CLIENT_IP: &str = "203.0.113.7";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The configuration both servers run; only the port differs.
 fn nginx_conf(

@@ -185,6 +185,23 @@ impl Drop for Proc {
     }
 }
 
+/// Writes `text` to `dir/name`; returns the path as a string, for a
+/// command-line argument.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// A loopback port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Starts `spinlink kube-sim` (demo workload) in `dir`; returns the process
 /// and the kubeconfig it wrote (`dir/sim.kubeconfig`).
 pub fn kube_sim(dir: &Path) -> (Proc, PathBuf) {

@@ -13,9 +13,7 @@ use spinlink_tls::dev::{DevPki, dev_agent_identity};
 use super::{Proc, try_http};
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    super::write_file(dir, name, text)
 }
 
 fn p(path: PathBuf) -> String {

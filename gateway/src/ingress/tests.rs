@@ -16,6 +16,37 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A gateway serving in the background, stopped by [`Running::stop`].
+struct Running {
+    addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<crate::Result<()>>,
+}
+
+impl Running {
+    async fn start(config: crate::Config) -> Running {
+        let gateway = crate::Gateway::bind(config).await.unwrap();
+        let addr = gateway.local_addr();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(gateway.run(shutdown.clone()));
+        Running {
+            addr,
+            shutdown,
+            run,
+        }
+    }
+
+    /// Shuts the gateway down and waits (bounded) for its drain.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.run)
+            .await
+            .expect("drains")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 fn compile(http_block: &str) -> Result<Ingress, CompileError> {
     let text = format!("events {{}}\nhttp {{\n{http_block}\n}}\n");
     let parsed = parse_str(&text, "test.conf", &Options::new()).expect("valid nginx");
@@ -238,10 +269,8 @@ server {{
     // A tunnel upstream too: `/spinlink.v1.` paths are then the tunnel's.
     yaml.push_str("upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\n");
     let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
-    let gateway = crate::Gateway::bind(config).await.unwrap();
-    let addr = gateway.local_addr();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(gateway.run(shutdown.clone()));
+    let running = Running::start(config).await;
+    let addr = running.addr;
 
     let req = Request::get("/api/apps?x=1")
         .header("host", "APP.test:8080")
@@ -289,12 +318,7 @@ server {{
         "the dev identity header is never believed on an ingress listener"
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), run)
-        .await
-        .expect("drains")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 #[test]
@@ -388,10 +412,8 @@ server {{
         "upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\ntls:\n  certFile: {d}/gateway.crt\n  keyFile: {d}/gateway.key\n  clientCaFile: {d}/ca.crt\n",
     ));
     let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
-    let gateway = crate::Gateway::bind(config).await.unwrap();
-    let addr = gateway.local_addr();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(gateway.run(shutdown.clone()));
+    let running = Running::start(config).await;
+    let addr = running.addr;
 
     // The ingress name, no certificate: the UI route answers.
     let ui = tls_request(addr, "localhost", &pki, None, "/ui/x").await;
@@ -427,12 +449,7 @@ server {{
     let t = tls_request(addr, "127.0.0.1", &pki, Some("agent-a1"), "/ui/x").await;
     assert_eq!(t, Some((StatusCode::OK, Some("12".into()))));
 
-    shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), run)
-        .await
-        .expect("drains")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 /// A TLS upstream answering `<client-cert or ->\n<method> <path>`, serving
@@ -535,10 +552,8 @@ server {{
         from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
     let config =
         crate::Config::from_yaml_str(&format!("{yaml}shutdownGraceSeconds: 1\n"), "t").unwrap();
-    let gateway = crate::Gateway::bind(config).await.unwrap();
-    let addr = gateway.local_addr();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(gateway.run(shutdown.clone()));
+    let running = Running::start(config).await;
+    let addr = running.addr;
 
     let get = |path: &str| {
         Request::get(path)
@@ -575,12 +590,7 @@ server {{
         (StatusCode::OK, "-\nPOST /grpc/Echo\n")
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), run)
-        .await
-        .expect("drains")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 /// The certificate a TLS handshake with `addr` under `name` is served.
@@ -674,10 +684,8 @@ server {{
     let yaml = from_nginx::config_yaml(&parsed.ingress, dir.path()).unwrap();
     let config =
         crate::Config::from_yaml_str(&format!("{yaml}shutdownGraceSeconds: 1\n"), "t").unwrap();
-    let gateway = crate::Gateway::bind(config).await.unwrap();
-    let addr = gateway.local_addr();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(gateway.run(shutdown.clone()));
+    let running = Running::start(config).await;
+    let addr = running.addr;
 
     assert_eq!(
         served_cert(addr, &pki).await,
@@ -729,10 +737,5 @@ server {{
     let resp = send.send_request(get()).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "the old connection stays up");
 
-    shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), run)
-        .await
-        .expect("drains")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
