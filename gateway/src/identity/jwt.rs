@@ -204,8 +204,8 @@ pub struct JwtVerifier {
 #[derive(Debug)]
 struct JwksSource {
     config: JwtBootstrapConfig,
-    /// Hash of the content in service, and of the last refused content.
-    hashes: Mutex<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The content in service, and the last refused.
+    seen: Mutex<crate::tls::Seen>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -244,6 +244,10 @@ impl std::fmt::Debug for JwksReloader {
 }
 
 impl JwksReloader {
+    fn seen(&self) -> std::sync::MutexGuard<'_, crate::tls::Seen> {
+        self.source.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Reads the file; new content that loads replaces the keys (content is
     /// compared, so a mounted Secret's `..data` swap is seen).
     pub fn reload(&self) -> JwksReload {
@@ -255,26 +259,19 @@ impl JwksReloader {
         let hash = ring::digest::digest(&ring::digest::SHA256, &text)
             .as_ref()
             .to_vec();
-        {
-            let hashes = self.source.hashes.lock().unwrap_or_else(|e| e.into_inner());
-            if hashes.0 == hash || hashes.1.as_ref() == Some(&hash) {
-                return JwksReload::Unchanged;
-            }
+        if !self.seen().is_new(&hash) {
+            return JwksReload::Unchanged;
         }
         match parse_keys(&text, &self.source.config) {
             Ok(keys) => {
                 let kids = keys.len();
                 *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
-                *self.source.hashes.lock().unwrap_or_else(|e| e.into_inner()) = (hash, None);
+                self.seen().accept(hash);
                 tracing::info!(file = %path.display(), keys = kids, "bootstrap JWKS reloaded");
                 JwksReload::Reloaded
             }
             Err(e) => {
-                self.source
-                    .hashes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .1 = Some(hash);
+                self.seen().refuse(hash);
                 tracing::error!(
                     file = %path.display(),
                     error = %e,
@@ -287,18 +284,10 @@ impl JwksReloader {
 
     /// Calls [`JwksReloader::reload`] every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => {
-                    let this = self.clone();
-                    let _ = tokio::task::spawn_blocking(move || this.reload()).await;
-                }
-            }
-        }
+        crate::tls::poll_blocking(interval, shutdown, "bootstrap JWKS", move || {
+            self.reload();
+        })
+        .await;
     }
 }
 
@@ -393,7 +382,7 @@ impl JwtVerifier {
         let mut verifier = Self::with_keys(keys, config);
         verifier.source = Some(Arc::new(JwksSource {
             config: config.clone(),
-            hashes: Mutex::new((hash, None)),
+            seen: Mutex::new(crate::tls::Seen::new(hash)),
         }));
         Ok(verifier)
     }

@@ -358,19 +358,10 @@ impl Ingress {
         interval: Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => {
-                    let this = self.clone();
-                    // File reads and certificate parsing off the runtime.
-                    let _ = tokio::task::spawn_blocking(move || this.reload_tls()).await;
-                }
-            }
-        }
+        crate::tls::poll_blocking(interval, shutdown, "ingress certificates", move || {
+            self.reload_tls();
+        })
+        .await;
     }
 
     /// Whether some location claims `(host, path)` — otherwise the listener

@@ -82,8 +82,8 @@ pub struct ReloadingServerTls {
     tls: Tls,
     http2: bool,
     current: RwLock<Arc<ServerTlsConfig>>,
-    /// Hash of the files in service, and of the last refused ones.
-    hashes: Mutex<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The files in service, and the last refused.
+    seen: Mutex<crate::tls::Seen>,
 }
 
 impl ReloadingServerTls {
@@ -95,7 +95,7 @@ impl ReloadingServerTls {
             tls: tls.clone(),
             http2,
             current: RwLock::new(Arc::new(config)),
-            hashes: Mutex::new((hash, None)),
+            seen: Mutex::new(crate::tls::Seen::new(hash)),
         })
     }
 
@@ -115,23 +115,24 @@ impl ReloadingServerTls {
         let Ok(hash) = files_hash(&self.tls) else {
             return Reload::Unchanged;
         };
-        {
-            let hashes = self.hashes.lock().unwrap_or_else(|e| e.into_inner());
-            if hashes.0 == hash || hashes.1.as_ref() == Some(&hash) {
-                return Reload::Unchanged;
-            }
+        if !self.seen().is_new(&hash) {
+            return Reload::Unchanged;
         }
         match ServerTlsConfig::load(&self.tls, self.http2) {
             Ok(config) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-                *self.hashes.lock().unwrap_or_else(|e| e.into_inner()) = (hash, None);
+                self.seen().accept(hash);
                 Reload::Reloaded
             }
             Err(e) => {
-                self.hashes.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(hash);
+                self.seen().refuse(hash);
                 Reload::Refused(e)
             }
         }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, crate::tls::Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The certificate file, for log lines.
