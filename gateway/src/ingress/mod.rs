@@ -488,32 +488,36 @@ fn compile_location(
                     }],
                 ),
             };
-            // YAML configurations may leave `upstreamTls` out: nginx's
-            // defaults then, as the nginx reader would give.
-            let upstream_tls = if tls_wanted {
-                let host = match &t.backend {
-                    nginx::Backend::Upstream { name } => name.as_str(),
-                    nginx::Backend::Address { host, .. } => host.as_str(),
-                };
-                let family = if grpc { "grpc" } else { "proxy" };
-                let settings = l.upstream_tls.clone().unwrap_or_default();
-                Some(upstream_tls::load(&settings, host, family).map_err(|m| {
-                    err(format!("{key}.upstreamTls"), format!("({}) {m}", l.source))
-                })?)
-            } else {
-                None
-            };
             // Locations sharing an upstream share its pool (and so its
-            // passive health) when they speak to it alike.
+            // passive health) when they speak to it alike; the TLS files are
+            // read once per pool.
             let pool_key = (
                 name.clone(),
                 grpc,
                 format!("{:?}", l.upstream_tls.as_ref().filter(|_| tls_wanted)),
             );
-            let pool = pools
-                .entry(pool_key)
-                .or_insert_with(|| Arc::new(Pool::new(&name, &servers, grpc, upstream_tls)))
-                .clone();
+            let pool = match pools.entry(pool_key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    // YAML configurations may leave `upstreamTls` out: nginx's
+                    // defaults then, as the nginx reader would give.
+                    let upstream_tls = if tls_wanted {
+                        let host = match &t.backend {
+                            nginx::Backend::Upstream { name } => name.as_str(),
+                            nginx::Backend::Address { host, .. } => host.as_str(),
+                        };
+                        let family = if grpc { "grpc" } else { "proxy" };
+                        let settings = l.upstream_tls.clone().unwrap_or_default();
+                        Some(upstream_tls::load(&settings, host, family).map_err(|m| {
+                            err(format!("{key}.upstreamTls"), format!("({}) {m}", l.source))
+                        })?)
+                    } else {
+                        None
+                    };
+                    e.insert(Arc::new(Pool::new(&name, &servers, grpc, upstream_tls)))
+                        .clone()
+                }
+            };
             if pool.is_empty() {
                 return Err(err(
                     format!("{key}.target.backend"),
