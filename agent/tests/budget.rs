@@ -129,14 +129,22 @@ async fn lists_are_paginated_and_within_the_budgets() {
     let agent_task = tokio::spawn(agent.run(stop.clone()));
 
     // Every kind kube-sim serves (10; it advertises more) lists once in both
-    // accounts.
+    // accounts — configmaps among them, whose 8+ objects take several pages
+    // (kinds finish in any order, so the count alone may be all small ones).
     gw.wait_for("both accounts synced", |r| {
         ["one", "two"].iter().all(|a| {
-            r.cache_up
+            let ends: Vec<&str> = r
+                .cache_up
                 .iter()
-                .filter(|(acc, m)| acc == a && matches!(m.msg, Some(cache_up::Msg::SyncEnd(_))))
-                .count()
-                >= 10
+                .filter(|(acc, _)| acc == a)
+                .filter_map(|(_, m)| match &m.msg {
+                    Some(cache_up::Msg::SyncEnd(end)) => {
+                        Some(end.kind.as_ref().map_or("", |k| k.resource.as_str()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            ends.len() >= 10 && ends.contains(&"configmaps")
         })
     })
     .await;
