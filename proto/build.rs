@@ -10,8 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        // Debug is written by hand in lib.rs so tokens are redacted.
-        .skip_debug(["spinlink.v1.ChannelGrant"])
+        // Debug is written by hand in lib.rs so tokens and kubeconfigs are
+        // redacted.
+        .skip_debug(["spinlink.v1.ChannelGrant", "spinlink.v1.AccountAssigned"])
         .compile_fds(descriptors)?;
     Ok(())
 }

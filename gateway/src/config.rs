@@ -40,12 +40,22 @@ pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 20_000;
 pub const DEFAULT_HANDSHAKES_PER_SECOND: f64 = 100.0;
 /// Default burst of TLS handshakes admitted at once.
 pub const DEFAULT_HANDSHAKE_BURST: u32 = 200;
+/// Default longest wait of a new connection for its handshake token. Well
+/// inside the agent's 10 s connect timeout: a reconnect storm of up to
+/// `burst + 5 × rate` connections per gateway is admitted in turn, none
+/// refused.
+pub const DEFAULT_HANDSHAKE_QUEUE_SECONDS: f64 = 5.0;
+/// Largest `handshakeQueueSeconds` accepted.
+pub const MAX_HANDSHAKE_QUEUE_SECONDS: f64 = 60.0;
 /// Default rate of `Hello` calls per identity per second.
 pub const DEFAULT_HELLO_PER_SECOND: f64 = 1.0;
 /// Default burst of `Hello` calls per identity.
 pub const DEFAULT_HELLO_BURST: u32 = 10;
 /// Default bound on a `Hello` request's size.
 pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
+/// Seconds between the `Heartbeat`s the gateway sends on every `Control`
+/// stream (the agent reads the gateway's clock from them).
+pub const DEFAULT_CONTROL_HEARTBEAT_SECONDS: u64 = 30;
 /// Default TLS handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
 /// Default time a PROXY header may take to arrive.
@@ -198,12 +208,17 @@ pub struct ListenerConfig {
     pub handshakes_per_second: f64,
     /// Handshakes admitted at once when the bucket is full.
     pub handshake_burst: u32,
+    /// Seconds a new connection may wait for its handshake token (its turn
+    /// at `handshakesPerSecond`) before it is refused; 0 refuses at once.
+    pub handshake_queue_seconds: f64,
     /// `Hello` calls per identity per second (token bucket).
     pub hello_per_second: f64,
     /// `Hello` calls one identity may make at once.
     pub hello_burst: u32,
     /// Largest `Hello` request accepted, in bytes.
     pub max_hello_bytes: usize,
+    /// Seconds between `Heartbeat`s on each `Control` stream; 0 sends none.
+    pub control_heartbeat_seconds: u64,
     /// Seconds a connection may go without any open stream before it is closed.
     pub idle_timeout_seconds: u64,
     /// Age in seconds after which a connection is asked to reconnect
@@ -229,9 +244,11 @@ impl Default for ListenerConfig {
             max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
             handshakes_per_second: DEFAULT_HANDSHAKES_PER_SECOND,
             handshake_burst: DEFAULT_HANDSHAKE_BURST,
+            handshake_queue_seconds: DEFAULT_HANDSHAKE_QUEUE_SECONDS,
             hello_per_second: DEFAULT_HELLO_PER_SECOND,
             hello_burst: DEFAULT_HELLO_BURST,
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
+            control_heartbeat_seconds: DEFAULT_CONTROL_HEARTBEAT_SECONDS,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             max_connection_age_seconds: 0,
             max_connection_age_jitter_percent: DEFAULT_MAX_CONNECTION_AGE_JITTER_PERCENT,
@@ -524,6 +541,12 @@ impl Config {
         }
         if l.handshake_burst == 0 {
             return Err(invalid("handshakeBurst", "must be at least 1"));
+        }
+        if !(0.0..=MAX_HANDSHAKE_QUEUE_SECONDS).contains(&l.handshake_queue_seconds) {
+            return Err(invalid(
+                "handshakeQueueSeconds",
+                &format!("must be between 0 and {MAX_HANDSHAKE_QUEUE_SECONDS}"),
+            ));
         }
         if l.hello_burst == 0 {
             return Err(invalid("helloBurst", "must be at least 1"));

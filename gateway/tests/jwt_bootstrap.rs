@@ -214,3 +214,35 @@ async fn bad_jwt_bootstrap_config_names_the_key() {
     let err = spinlink_gateway::Gateway::bind(config).await.unwrap_err();
     assert!(err.to_string().contains("jwtBootstrap.jwksFile"), "{err}");
 }
+
+#[tokio::test]
+async fn a_bootstrap_connection_gets_no_assignments() {
+    use spinlink_proto::v1::{AssignmentsOpen, AssignmentsUp, assignments_up};
+    let pki = pki();
+    let signer = signer();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = bootstrap_gateway(&pki, &signer, &sidecar.url()).await;
+    let channel = agent_channel(gw.addr, &pki.pki, None).await.unwrap();
+    let jwt = signer.jwt("cluster-9", "spinlink-gateway", now() + 300);
+    bootstrap_hello(&channel, Some(&jwt), &["boot-1"])
+        .await
+        .unwrap();
+
+    // Kubeconfigs go only to identities the policy names.
+    let open = AssignmentsUp {
+        msg: Some(assignments_up::Msg::Open(AssignmentsOpen {
+            agent_id: "boot".into(),
+            zone: String::new(),
+        })),
+    };
+    let mut request = tonic::Request::new(futures::stream::iter([open]));
+    request
+        .metadata_mut()
+        .insert(headers::AGENT_ID, "boot".parse().unwrap());
+    let err = TunnelClient::new(channel.clone())
+        .assignments(request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(sidecar.streams().is_empty());
+}

@@ -66,6 +66,26 @@ async fn handshakes_past_the_rate_are_refused() {
 }
 
 #[tokio::test]
+async fn handshakes_past_the_burst_wait_their_turn() {
+    // One at once, then one every 100 ms: a storm of four is admitted in
+    // turn within the queue bound, none refused.
+    let pki = pki();
+    let gw = gateway(
+        &pki.pki,
+        "http://127.0.0.1:9",
+        "  handshakesPerSecond: 10\n  handshakeBurst: 1\n  handshakeQueueSeconds: 5\n",
+    )
+    .await;
+    let storm = (0..4).map(|_| async {
+        let c = agent_a1(gw.addr, &pki.pki).await;
+        hello(&c, &["dev-1"]).await.map(|_| c)
+    });
+    let admitted = futures::future::join_all(storm).await;
+    assert!(admitted.iter().all(Result::is_ok), "{admitted:?}");
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HandshakeRate), 0);
+}
+
+#[tokio::test]
 async fn stalled_handshakes_time_out() {
     let pki = pki();
     let gw = gateway(

@@ -1,6 +1,6 @@
 //! spinlink's wire contract: the `spinlink.v1.Tunnel` gRPC service that agents
-//! call on a gateway, and the messages of its `Hello`, `Cache` and `Relay`
-//! methods. Start with `proto/spinlink/v1/tunnel.proto`; this crate only holds
+//! call on a gateway, and the messages of its `Hello`, `Cache`, `Relay`,
+//! `Control` and `Assignments` methods. Start with `proto/spinlink/v1/tunnel.proto`; this crate only holds
 //! the code generated from it and the names of the stream headers.
 #![forbid(unsafe_code)]
 
@@ -20,11 +20,38 @@ pub mod v1 {
                 .finish()
         }
     }
+
+    // A kubeconfig is a credential: `{:?}` shows its size only.
+    impl std::fmt::Debug for AccountAssigned {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("AccountAssigned")
+                .field("name", &self.name)
+                .field(
+                    "kubeconfig",
+                    &format_args!("<{} bytes redacted>", self.kubeconfig.len()),
+                )
+                .field("context", &self.context)
+                .field("namespaces", &self.namespaces)
+                .finish()
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::v1::{ChannelGrant, HelloResponse};
+    use super::v1::{AccountAssigned, ChannelGrant, HelloResponse};
+
+    #[test]
+    fn debug_of_an_assignment_hides_the_kubeconfig() {
+        let assigned = AccountAssigned {
+            name: "prod".into(),
+            kubeconfig: b"token: s3cr3t-kubeconfig-token".to_vec(),
+            ..Default::default()
+        };
+        let printed = format!("{assigned:?}");
+        assert!(printed.contains("prod"));
+        assert!(!printed.contains("s3cr3t"), "{printed}");
+    }
 
     #[test]
     fn debug_of_a_hello_response_hides_tokens() {
@@ -55,6 +82,15 @@ pub mod headers {
     pub const VERIFIED_IDENTITY: &str = "spinlink-verified-identity";
     /// Set by the gateway: the account the channel token was checked against.
     pub const VERIFIED_ACCOUNT: &str = "spinlink-verified-account";
+    /// Sent by the agent on `Assignments`: its agent id, as in its `Hello`.
+    pub const AGENT_ID: &str = "spinlink-agent-id";
+    /// Set by the gateway on `Assignments`: the agent id the connection's
+    /// `Hello` stated.
+    pub const VERIFIED_AGENT: &str = "spinlink-verified-agent";
+    /// Set by the gateway on `Assignments`: a JSON array of the account
+    /// globs (`*` does not cross `/`) the agent's identity may serve. The
+    /// sidecar assigns it no other account.
+    pub const VERIFIED_ACCOUNTS: &str = "spinlink-verified-accounts";
 }
 
 /// Full gRPC paths of the `Tunnel` methods, as routed by the gateway.
@@ -67,4 +103,6 @@ pub mod paths {
     pub const RELAY: &str = "/spinlink.v1.Tunnel/Relay";
     /// `Control`, answered by the gateway itself.
     pub const CONTROL: &str = "/spinlink.v1.Tunnel/Control";
+    /// `Assignments`, checked and carried to a sidecar.
+    pub const ASSIGNMENTS: &str = "/spinlink.v1.Tunnel/Assignments";
 }

@@ -105,6 +105,10 @@ fn invalid_values_name_key_and_file() {
             "insecure: true\nupstreamConnections: 0\nupstreams: [{url: 'http://h:1'}]\n",
             "`upstreamConnections`",
         ),
+        (
+            "insecure: true\nupstreams: [{url: 'http://h:1'}]\nlistener: {handshakeQueueSeconds: -1}\n",
+            "handshakeQueueSeconds",
+        ),
     ];
     for (yaml, key) in cases {
         let e = err(yaml);

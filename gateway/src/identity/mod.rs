@@ -84,6 +84,8 @@ pub struct AgentPeer {
 struct Rule {
     identities: GlobSet,
     accounts: GlobSet,
+    /// `accounts` as configured, for [`Policy::account_patterns`].
+    account_patterns: Vec<String>,
 }
 
 /// Which identities may serve which accounts. An empty policy grants nothing.
@@ -101,9 +103,30 @@ impl Policy {
             compiled.push(Rule {
                 identities: glob_set(rule, "identities", &r.identities)?,
                 accounts: glob_set(rule, "accounts", &r.accounts)?,
+                account_patterns: r.accounts.clone(),
             });
         }
         Ok(Self { rules: compiled })
+    }
+
+    /// The account patterns of every rule that matches `identity` (globs in
+    /// which `*` does not cross `/`): the accounts it may serve. Sent to the
+    /// sidecar with an `Assignments` stream, which assigns no other
+    /// account's kubeconfig to it.
+    pub fn account_patterns(&self, identity: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for rule in self
+            .rules
+            .iter()
+            .filter(|r| r.identities.is_match(identity))
+        {
+            for pattern in &rule.account_patterns {
+                if !out.contains(pattern) {
+                    out.push(pattern.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Whether `identity` may serve `account`: some rule matches both.

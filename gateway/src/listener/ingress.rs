@@ -12,7 +12,6 @@
 //! (`Unauthenticated`) if not.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -51,13 +50,7 @@ impl Connection {
             let conn = ConnInfo::new(remote, local_port, None, None, ClientVerify::None, None);
             return self.serve_http(ingress, stream, conn, None).await;
         }
-        let admitted = self
-            .settings
-            .handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .try_take(Instant::now());
-        if !admitted {
+        if !self.settings.admit_handshake().await {
             return self.refuse(Refusal::HandshakeRate, remote);
         }
         let agent_tls = self.tls.clone();

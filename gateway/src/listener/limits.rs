@@ -1,11 +1,12 @@
-//! Admission limits: a token bucket ([`TokenBucket`]) for new TLS handshakes,
+//! Admission limits: a token bucket ([`TokenBucket`]) for new TLS handshakes
+//! (which may wait their turn, [`TokenBucket::reserve`]),
 //! one per identity for `Hello` ([`KeyedBuckets`]), and counters of open
 //! things with a ceiling ([`Slots`]) for connections and per-identity streams.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A token bucket: `rate` tokens per second up to `burst`, starting full.
 #[derive(Debug, Clone)]
@@ -39,6 +40,31 @@ impl TokenBucket {
         } else {
             false
         }
+    }
+
+    /// Takes the next token, now or when the bucket will have earned it:
+    /// how long to wait for it (zero when there is one now), or `None` when
+    /// that would be longer than `max_wait` (nothing is taken then). Tokens
+    /// promised to earlier callers are counted, so each caller waits its
+    /// turn: a burst of `n` past the bucket is spread over `n / rate`.
+    pub fn reserve(&mut self, now: Instant, max_wait: Duration) -> Option<Duration> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now.max(self.last);
+        // Below zero: tokens promised to waiting callers, paid back by the refill.
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Some(Duration::ZERO);
+        }
+        if self.rate <= 0.0 {
+            return None;
+        }
+        let wait = (1.0 - self.tokens) / self.rate;
+        if wait > max_wait.as_secs_f64() {
+            return None;
+        }
+        self.tokens -= 1.0;
+        Some(Duration::from_secs_f64(wait))
     }
 
     fn is_full(&self, now: Instant) -> bool {
@@ -156,6 +182,39 @@ mod tests {
         let later = t0 + Duration::from_secs(3600);
         assert!((0..3).all(|_| b.try_take(later)));
         assert!(!b.try_take(later));
+    }
+
+    #[test]
+    fn reserve_spreads_a_burst_over_the_rate_within_the_wait() {
+        let t0 = Instant::now();
+        let max = Duration::from_secs(2);
+        let mut b = TokenBucket::new(2.0, 2, t0);
+        // The burst at once, then one every half second, each its own turn.
+        let waits: Vec<_> = (0..6).map(|_| b.reserve(t0, max)).collect();
+        let ms = |w: Option<Duration>| w.map(|d| d.as_millis());
+        assert_eq!(
+            waits.into_iter().map(ms).collect::<Vec<_>>(),
+            [
+                Some(0),
+                Some(0),
+                Some(500),
+                Some(1000),
+                Some(1500),
+                Some(2000)
+            ]
+        );
+        // The next would wait 2.5 s: refused, and nothing taken.
+        assert_eq!(b.reserve(t0, max), None);
+        assert!(!b.try_take(t0 + Duration::from_millis(2000)));
+        // Once the promised tokens are paid back, the bucket admits again.
+        assert_eq!(
+            ms(b.reserve(t0 + Duration::from_millis(2500), max)),
+            Some(0)
+        );
+        // No waiting allowed: a plain refusal, as `try_take`.
+        let mut c = TokenBucket::new(2.0, 1, t0);
+        assert_eq!(c.reserve(t0, Duration::ZERO), Some(Duration::ZERO));
+        assert_eq!(c.reserve(t0, Duration::ZERO), None);
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //!    from a `trustedProxies` address ([`cidr`]) within its timeout; the client
 //!    address it names is the one logs use from then on ([`read_proxy_header`]);
 //! 3. a token from the handshake bucket (`handshakesPerSecond`, reconnect
-//!    storms), then mTLS with the configuration current *now*
-//!    ([`crate::tls::ServerTls`], reloaded from disk) within
-//!    `handshakeTimeoutSeconds`;
+//!    storms; past the burst a connection waits its turn for at most
+//!    `handshakeQueueSeconds`, then is refused), then mTLS with the
+//!    configuration current *now* ([`crate::tls::ServerTls`], reloaded from
+//!    disk) within `handshakeTimeoutSeconds`;
 //! 4. the connection is named — identity from the leaf certificate, binding
 //!    from the TLS exporter — and served as HTTP/2; every request goes to
 //!    [`crate::tunnel::handle`] with that name.
@@ -76,6 +77,9 @@ pub struct Settings {
     max_age: Option<MaxAge>,
     connections: Arc<Slots<()>>,
     handshakes: Mutex<TokenBucket>,
+    /// Longest a new connection waits for a handshake token before it is
+    /// refused (`handshakeQueueSeconds`).
+    handshake_queue: Duration,
     /// The shutdown grace, announced to agents in `Reconnect{draining}`.
     drain_grace: Duration,
     /// Ingress routes served on this listener besides the agent tunnel.
@@ -140,8 +144,31 @@ impl Settings {
                 c.handshake_burst,
                 Instant::now(),
             )),
+            handshake_queue: Duration::from_secs_f64(c.handshake_queue_seconds),
             drain_grace,
             ingress: None,
+        }
+    }
+
+    /// Admits one TLS handshake: at once while the bucket has tokens; in a
+    /// storm, after waiting its turn (the bucket's rate) for at most
+    /// `handshakeQueueSeconds`; `false` when its turn is further away than
+    /// that, and the connection is refused.
+    async fn admit_handshake(&self) -> bool {
+        let turn = self
+            .handshakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reserve(Instant::now(), self.handshake_queue);
+        match turn {
+            None => false,
+            Some(wait) => {
+                if !wait.is_zero() {
+                    // The connection holds its `maxConnections` slot meanwhile.
+                    tokio::time::sleep(wait).await;
+                }
+                true
+            }
         }
     }
 
@@ -374,13 +401,7 @@ impl Connection {
             };
             return self.serve_h2(stream, peer).await;
         };
-        let admitted = self
-            .settings
-            .handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .try_take(Instant::now());
-        if !admitted {
+        if !self.settings.admit_handshake().await {
             return self.refuse(Refusal::HandshakeRate, remote);
         }
         // The configuration current now: a reload changes what the next

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use spinlink_proto::v1::tunnel_server::Tunnel;
 use spinlink_proto::v1::{
-    CacheDown, CacheUp, ChannelGrant, ChannelRefusal, HelloRequest, HelloResponse, RelayDown,
-    RelayUp,
+    AssignmentsDown, AssignmentsUp, CacheDown, CacheUp, ChannelGrant, ChannelRefusal, HelloRequest,
+    HelloResponse, RelayDown, RelayUp,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -58,6 +58,9 @@ impl HelloService {
         let identity = &*peer.identity;
         let mut response = HelloResponse {
             gateway_id: shared.gateway_id.clone(),
+            now_unix: now
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
             ..HelloResponse::default()
         };
         // A token granted on a bootstrap JWT outlives neither the token TTL
@@ -149,6 +152,34 @@ impl HelloService {
     }
 }
 
+/// Sends `Heartbeat{unix_millis}` (the gateway's clock) on a `Control`
+/// stream every `every`, until the stream's sender is gone (the connection
+/// ended, or a `Reconnect` was sent and the stream let go) or the agent
+/// closed it. Holds only a weak sender, so it never keeps a stream open; a
+/// full queue (an agent not reading) skips a beat rather than waits.
+async fn heartbeats(weak: tokio::sync::mpsc::WeakSender<ControlItem>, every: Duration) {
+    use spinlink_proto::v1::{ControlEvent, Heartbeat, control_event};
+    use tokio::sync::mpsc::error::TrySendError;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(tx) = weak.upgrade() else { return };
+        let unix_millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let beat = ControlEvent {
+            event: Some(control_event::Event::Heartbeat(Heartbeat { unix_millis })),
+        };
+        if let Err(TrySendError::Closed(_)) = tx.try_send(Ok(beat)) {
+            return;
+        }
+    }
+}
+
+/// What a `Control` stream carries.
+type ControlItem = Result<spinlink_proto::v1::ControlEvent, Status>;
+
 type Unserved<T> = futures::stream::Empty<Result<T, Status>>;
 
 #[tonic::async_trait]
@@ -163,6 +194,9 @@ impl Tunnel for HelloService {
             return Err(Status::unavailable("no connection to signal on"));
         };
         let (tx, rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
+        if let Some(every) = self.shared.limits.control_heartbeat {
+            tokio::spawn(heartbeats(tx.downgrade(), every));
+        }
         slot.set_control(tx);
         tracing::debug!(agent_id = %request.get_ref().agent_id, "control stream open");
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -177,8 +211,21 @@ impl Tunnel for HelloService {
             // authenticated.
             return Err(Status::unauthenticated("no agent identity"));
         };
-        self.answer(&peer, request.get_ref(), SystemTime::now())
-            .map(Response::new)
+        let answer = self.answer(&peer, request.get_ref(), SystemTime::now())?;
+        // `Assignments` streams on this connection must name this agent id.
+        if let Some(slot) = request.extensions().get::<ControlSlot>() {
+            slot.set_hello_agent(&request.get_ref().agent_id);
+        }
+        Ok(Response::new(answer))
+    }
+
+    type AssignmentsStream = Unserved<AssignmentsDown>;
+
+    async fn assignments(
+        &self,
+        _request: Request<Streaming<AssignmentsUp>>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        Err(Status::unimplemented("Assignments is carried to a sidecar"))
     }
 
     type CacheStream = Unserved<CacheDown>;
@@ -239,6 +286,30 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn control_streams_get_heartbeats_until_their_sender_goes() {
+        use spinlink_proto::v1::control_event;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CONTROL_QUEUE);
+        let task = tokio::spawn(heartbeats(tx.downgrade(), Duration::from_secs(30)));
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(rx.try_recv().is_err(), "a heartbeat before its interval");
+        for _ in 0..2 {
+            let event = rx.recv().await.unwrap().unwrap();
+            match event.event {
+                Some(control_event::Event::Heartbeat(h)) => assert!(h.unix_millis > 0),
+                other => panic!("not a heartbeat: {other:?}"),
+            }
+        }
+        // The stream let go (a `Reconnect` sent, or the connection ended):
+        // the heartbeats stop and hold nothing open.
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("heartbeats outlived their stream")
+            .unwrap();
+        assert!(rx.recv().await.is_none());
+    }
+
     #[test]
     fn grants_allowed_and_refuses_others_with_reason() {
         let svc = service();
@@ -263,6 +334,8 @@ mod tests {
         };
         let resp = svc.answer(&peer, &req, now).unwrap();
         assert_eq!(resp.gateway_id, "gw-test");
+        // Expiry and the clock it is on travel together.
+        assert_eq!(resp.now_unix, 1_000);
         let granted: Vec<_> = resp.granted.iter().map(|g| g.account.as_str()).collect();
         assert_eq!(granted, ["dev-1", "staging"]);
         assert!(resp.granted.iter().all(|g| g.expires_at_unix == 1_060));

@@ -2,7 +2,8 @@
 //! (rate-limited per identity, size-bounded) and `Control` (the connection's
 //! reconnect signals) are answered here ([`hello`]); `Cache` and `Relay` are
 //! checked against their channel token and the identity's stream budget and
-//! carried to a sidecar ([`proxy`]); anything else is `Unimplemented`. Errors
+//! carried to a sidecar ([`proxy`]), and so is `Assignments`, checked
+//! against the agent id of the connection's `Hello`; anything else is `Unimplemented`. Errors
 //! become gRPC statuses here and nowhere else ([`status`]).
 
 pub mod hello;
@@ -61,6 +62,9 @@ pub struct TunnelLimits {
     pub max_hello_bytes: usize,
     /// Carried streams per identity (`listener.maxStreamsPerIdentity`).
     pub identity_streams: Arc<Slots<Arc<str>>>,
+    /// Between `Heartbeat`s on a `Control` stream
+    /// (`listener.controlHeartbeatSeconds`); `None` sends none.
+    pub control_heartbeat: Option<Duration>,
 }
 
 impl TunnelLimits {
@@ -70,6 +74,8 @@ impl TunnelLimits {
             hello: KeyedBuckets::new(listener.hello_per_second, listener.hello_burst),
             max_hello_bytes: listener.max_hello_bytes,
             identity_streams: Slots::new(listener.max_streams_per_identity),
+            control_heartbeat: (listener.control_heartbeat_seconds > 0)
+                .then(|| Duration::from_secs(listener.control_heartbeat_seconds)),
         }
     }
 }
@@ -99,6 +105,9 @@ pub struct ConnState {
     /// The identity the first valid bootstrap JWT named; later `Hello`s must
     /// name the same one, and `Cache`/`Relay`/`Control` use it.
     bootstrap_identity: Mutex<Option<Arc<str>>>,
+    /// The agent id the last `Hello` on this connection stated; an
+    /// `Assignments` stream must name the same.
+    hello_agent: Mutex<Option<Arc<str>>>,
 }
 
 impl ConnState {
@@ -114,6 +123,19 @@ impl ConnState {
     /// The sender of the connection's `Control` stream, replaced by `tx`.
     pub fn set_control(&self, tx: ControlSender) {
         *self.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    /// Records the agent id a `Hello` on this connection stated.
+    pub fn set_hello_agent(&self, agent_id: &str) {
+        *self.hello_agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(agent_id));
+    }
+
+    /// The agent id the last `Hello` on this connection stated.
+    pub fn hello_agent(&self) -> Option<Arc<str>> {
+        self.hello_agent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn bootstrap_identity(&self) -> Option<Arc<str>> {
@@ -284,6 +306,7 @@ pub async fn handle(
                 ));
             }
             req.extensions_mut().insert(peer);
+            req.extensions_mut().insert(conn.control.clone());
             let server = TunnelServer::new(hello::HelloService::new(shared.clone()))
                 .max_decoding_message_size(shared.limits.max_hello_bytes);
             let response = match server.oneshot(req).await {
@@ -311,6 +334,17 @@ pub async fn handle(
             }
         }
         paths::CACHE | paths::RELAY => proxy::forward(&shared, &peer, req).await,
+        paths::ASSIGNMENTS => {
+            let hello_agent = conn.control.hello_agent();
+            proxy::forward_assignments(
+                &shared,
+                &peer,
+                conn.control.bootstrap,
+                hello_agent.as_deref(),
+                req,
+            )
+            .await
+        }
         other => status::unimplemented(format!("method {other} is not served by this gateway")),
     }
 }

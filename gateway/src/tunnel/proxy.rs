@@ -1,6 +1,6 @@
 //! `Cache` and `Relay`: the stream's channel token is checked against this
 //! connection, identity and the claimed account before anything is opened
-//! upstream; then the stream is carried byte for byte (no protobuf decoding)
+//! upstream (`Assignments`: the agent id against the connection's `Hello`); then the stream is carried byte for byte (no protobuf decoding)
 //! to the sidecar [`crate::route`] picks, with the gateway's verified headers
 //! in place of anything the agent claimed. The response — status, headers,
 //! streaming body and trailers — goes back as the sidecar sent it. Each
@@ -81,7 +81,122 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
     if let Err(refused) = shared.tokens.verify(token, claims, SystemTime::now()) {
         return refuse(shared, peer, &account, &method, &refused.to_string());
     }
+    carry(
+        shared,
+        peer,
+        req,
+        &account,
+        &[(headers::VERIFIED_ACCOUNT, &account)],
+    )
+    .await
+}
 
+/// Checks and carries one `Assignments` stream: no channel token, but the
+/// connection must have said `Hello`, and the agent id the stream names
+/// (`spinlink-agent-id`) must be the one that `Hello` stated. It goes to
+/// the sidecar rendezvous hashing picks for `agent:<id>`.
+pub async fn forward_assignments(
+    shared: &Shared,
+    peer: &AgentPeer,
+    bootstrap: bool,
+    hello_agent: Option<&str>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let method = req.uri().path().to_owned();
+    if bootstrap {
+        // Kubeconfigs go only to identities the policy names.
+        return refuse_with(
+            shared,
+            peer,
+            "",
+            &method,
+            "dynamic accounts need a client certificate identity",
+            Status::permission_denied,
+        );
+    }
+    if req
+        .headers()
+        .get_all(headers::AGENT_ID)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return refuse_with(
+            shared,
+            peer,
+            "",
+            &method,
+            "more than one spinlink-agent-id header",
+            Status::unauthenticated,
+        );
+    }
+    let Some(agent) = header_str(req.headers(), headers::AGENT_ID).map(str::to_owned) else {
+        return refuse_with(
+            shared,
+            peer,
+            "",
+            &method,
+            "missing spinlink-agent-id header",
+            Status::unauthenticated,
+        );
+    };
+    let Some(hello_agent) = hello_agent else {
+        return refuse_with(
+            shared,
+            peer,
+            &agent,
+            &method,
+            "call Hello on this connection first",
+            Status::failed_precondition,
+        );
+    };
+    if hello_agent != agent {
+        return refuse_with(
+            shared,
+            peer,
+            &agent,
+            &method,
+            &format!("agent id {agent:?} is not the one this connection's Hello stated"),
+            Status::permission_denied,
+        );
+    }
+    let patterns = shared.policy.account_patterns(&peer.identity);
+    if patterns.is_empty() {
+        return refuse_with(
+            shared,
+            peer,
+            &agent,
+            &method,
+            "the policy lets this identity serve no account",
+            Status::permission_denied,
+        );
+    }
+    let patterns = serde_json::to_string(&patterns).unwrap_or_default();
+    carry(
+        shared,
+        peer,
+        req,
+        &format!("agent:{agent}"),
+        &[
+            (headers::VERIFIED_AGENT, &agent),
+            (headers::VERIFIED_ACCOUNTS, &patterns),
+        ],
+    )
+    .await
+}
+
+/// Carries a checked stream to the sidecar rendezvous hashing picks for
+/// `key`, with the verified identity and the `verified` headers set.
+async fn carry(
+    shared: &Shared,
+    peer: &AgentPeer,
+    req: Request<Incoming>,
+    key: &str,
+    verified: &[(&'static str, &str)],
+) -> Response<Body> {
+    let identity = &*peer.identity;
+    let method = req.uri().path().to_owned();
+    let account = key.to_owned();
     let Some(slot) = shared
         .limits
         .identity_streams
@@ -105,7 +220,7 @@ pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) 
     };
     let upstream = lease.instance().upstream();
     let counted = shared.stats.metrics().bytes_counter(true);
-    let upstream_req = match upstream_request(req, upstream.target(), identity, &account) {
+    let upstream_req = match upstream_request(req, upstream.target(), identity, verified) {
         Ok(r) => r.map(|body| {
             // Agent → sidecar bytes, counted as they pass.
             body.map_frame(move |frame| {
@@ -173,6 +288,24 @@ fn refuse(
     method: &str,
     reason: &str,
 ) -> Response<Body> {
+    refuse_with(
+        shared,
+        peer,
+        account,
+        method,
+        reason,
+        Status::unauthenticated,
+    )
+}
+
+fn refuse_with(
+    shared: &Shared,
+    peer: &AgentPeer,
+    account: &str,
+    method: &str,
+    reason: &str,
+    status: fn(String) -> Status,
+) -> Response<Body> {
     shared.stats.incr(Counter::StreamsRefused);
     // The token itself is never logged, only why it was refused.
     tracing::warn!(
@@ -183,7 +316,7 @@ fn refuse(
         reason,
         "stream refused"
     );
-    status::unauthenticated(reason.to_owned())
+    status::response(status(reason.to_owned()))
 }
 
 fn header_str<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -212,7 +345,7 @@ fn upstream_request(
     req: Request<Incoming>,
     target: &Target,
     identity: &str,
-    account: &str,
+    verified: &[(&'static str, &str)],
 ) -> Result<Request<RequestBody>, String> {
     let (parts, body) = req.into_parts();
     let path = parts
@@ -245,7 +378,9 @@ fn upstream_request(
         HeaderValue::from_str(v).map_err(|_| format!("{v:?} cannot be sent as a header value"))
     };
     out.insert(headers::VERIFIED_IDENTITY, value(identity)?);
-    out.insert(headers::VERIFIED_ACCOUNT, value(account)?);
+    for (name, v) in verified {
+        out.insert(*name, value(v)?);
+    }
 
     let body: RequestBody = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
     let mut upstream = Request::new(body);

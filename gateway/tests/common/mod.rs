@@ -119,6 +119,37 @@ impl Tunnel for FakeTunnel {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    type AssignmentsStream = DownStream<spinlink_proto::v1::AssignmentsDown>;
+
+    /// Records the stream and answers every message with a heartbeat.
+    async fn assignments(
+        &self,
+        request: Request<Streaming<spinlink_proto::v1::AssignmentsUp>>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        use spinlink_proto::v1::{AssignmentsDown, Heartbeat, assignments_down};
+        self.record.lock().unwrap().streams.push(Seen {
+            method: "Assignments",
+            headers: request.metadata().clone().into_headers(),
+        });
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let record = self.record.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(_up)) = inbound.next().await {
+                record.lock().unwrap().messages += 1;
+                let beat = AssignmentsDown {
+                    msg: Some(assignments_down::Msg::Heartbeat(Heartbeat {
+                        unix_millis: 1,
+                    })),
+                };
+                if tx.send(Ok(beat)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type RelayStream = DownStream<RelayDown>;
 
     async fn relay(
