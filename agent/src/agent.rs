@@ -34,7 +34,12 @@ pub const STABLE_CONNECTION: Duration = Duration::from_secs(30);
 /// [`Agent::run`].
 #[derive(Debug)]
 pub struct Agent {
+    /// The running configuration: the file's, plus the assigned accounts.
     config: Config,
+    /// The configuration as the file states it.
+    file_config: Config,
+    /// Accounts assigned over `Assignments` (dynamic accounts), by name.
+    assigned: BTreeMap<String, AccountConfig>,
     state: Publisher,
     /// Per account; outlives connections so the window is replayed.
     outboxes: BTreeMap<String, Arc<Outbox>>,
@@ -91,6 +96,8 @@ impl Agent {
         Ok(Agent {
             admin,
             total_budget: Arc::new(Semaphore::new(config.tasks.total_budget)),
+            file_config: config.clone(),
+            assigned: BTreeMap::new(),
             config,
             state: Publisher::new(),
             outboxes,
@@ -174,7 +181,7 @@ impl Agent {
             warn!(error = %e, ?delay, "gateway connection ended, reconnecting");
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
-                Some(config) = reloads.recv() => self.apply(config, &mut clusters, None).await?,
+                Some(config) = reloads.recv() => self.reload(config, &mut clusters, None).await?,
                 () = shutdown.cancelled() => break,
             }
         }
@@ -201,8 +208,11 @@ impl Agent {
         let mut move_backoff = Backoff::from_config(&self.config.reconnect);
         let mut renew_backoff = Backoff::from_config(&self.config.reconnect);
         let mut renew_not_before = tokio::time::Instant::now();
+        let mut assign_backoff = Backoff::from_config(&self.config.reconnect);
         // Set while a `Reconnect` could not be followed yet: its deadline.
         let mut pending_move: Option<(tokio::time::Instant, Duration)> = None;
+        // When the pending move is tried (next).
+        let mut move_at = tokio::time::Instant::now();
         loop {
             let retry = async {
                 if link.refused.is_empty() {
@@ -217,11 +227,18 @@ impl Agent {
                     None => std::future::pending().await,
                 }
             };
+            let assign_idle = !self.config.dynamic_accounts.enabled || link.assignments.is_some();
+            let assign_retry = async {
+                if assign_idle {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(assign_backoff.next_delay()).await;
+            };
             let move_retry = async {
                 if pending_move.is_none() {
                     std::future::pending::<()>().await;
                 }
-                tokio::time::sleep(move_backoff.next_delay()).await;
+                tokio::time::sleep_until(move_at).await;
             };
             tokio::select! {
                 Some(done) = link.accounts.join_next() => match done {
@@ -230,16 +247,17 @@ impl Agent {
                     Ok(Err(e)) => return Err(e),
                     Err(join) => return Err(Error::Task(join.to_string())),
                 },
-                event = next_control(&mut link.control) => match event {
+                event = next_control(&mut link.control, &self.metrics) => match event {
                     Some(Reconnect { reason, deadline_millis }) => {
                         let grace = Duration::from_millis(u64::from(deadline_millis));
-                        info!(%reason, ?grace, "gateway asks to move to a new connection");
-                        pending_move = Some((tokio::time::Instant::now() + grace, grace));
+                        // Not all at once with every other agent of this
+                        // gateway: see `move_spread`.
+                        let spread = crate::backoff::move_spread(grace, self.config.reconnect.move_spread_max());
+                        info!(%reason, ?grace, ?spread, "gateway asks to move to a new connection");
+                        let now = tokio::time::Instant::now();
+                        pending_move = Some((now + grace, grace));
+                        move_at = now + spread;
                         move_backoff.reset();
-                        if let Some(old) = self.try_move(clusters, &mut link, grace).await {
-                            draining.spawn(old);
-                            pending_move = None;
-                        }
                     }
                     None => link.control = None,
                 },
@@ -249,6 +267,8 @@ impl Agent {
                     if let Some(old) = self.try_move(clusters, &mut link, grace).await {
                         draining.spawn(old);
                         pending_move = None;
+                    } else {
+                        move_at = tokio::time::Instant::now() + move_backoff.next_delay();
                     }
                 }
                 () = renew => match link.session.renew().await {
@@ -275,10 +295,106 @@ impl Agent {
                 }
                 Some(_) = draining.join_next() => {}
                 Some(config) = reloads.recv() => {
-                    self.apply(config, clusters, Some(&mut link)).await?;
+                    self.reload(config, clusters, Some(&mut link)).await?;
+                }
+                change = next_assignment(&mut link.assignments) => match change {
+                    Ok(change) => self.assignment(change, clusters, &mut link).await?,
+                    Err(status) => {
+                        warn!(error = %status, "Assignments stream ended; reopening it");
+                        link.assignments = None;
+                        assign_backoff.reset();
+                    }
+                },
+                () = assign_retry => {
+                    link.assignments = open_assignments(&self.config, &link.session).await;
+                    if link.assignments.is_some() {
+                        assign_backoff.reset();
+                    }
                 }
             }
         }
+    }
+
+    /// A new configuration file: applied with the assigned accounts it does
+    /// not define itself.
+    async fn reload(
+        &mut self,
+        config: Config,
+        clusters: &mut Vec<Cluster>,
+        link: Option<&mut Link>,
+    ) -> Result<()> {
+        let (merged, shadowed) = crate::assignments::merged(&config, &self.assigned);
+        for name in &shadowed {
+            warn!(account = %name, "assigned account refused: the configuration file defines an account of that name");
+        }
+        self.file_config = config;
+        self.apply(merged, clusters, link).await
+    }
+
+    /// One change on the `Assignments` stream, applied like a reloaded
+    /// configuration. An assigned account whose kubeconfig cannot be used
+    /// is refused with a log line (never quoting it); the others run on.
+    async fn assignment(
+        &mut self,
+        change: crate::assignments::Change,
+        clusters: &mut Vec<Cluster>,
+        link: &mut Link,
+    ) -> Result<()> {
+        use crate::assignments::Change;
+        let mut assigned = self.assigned.clone();
+        match change {
+            Change::Assigned(account) => {
+                let account = *account;
+                let name = account.name.clone();
+                if self
+                    .file_config
+                    .kubernetes
+                    .accounts
+                    .iter()
+                    .any(|a| a.name == name)
+                {
+                    warn!(account = %name, "assigned account refused: the configuration file defines an account of that name");
+                    return Ok(());
+                }
+                if assigned.get(&name) == Some(&account) {
+                    return Ok(());
+                }
+                let mut check = self.file_config.clone();
+                check.kubernetes.accounts = vec![account.clone()];
+                if let Err(e) = check.validate() {
+                    warn!(account = %name, error = %e, "assigned account refused");
+                    return Ok(());
+                }
+                if let Err(e) = Cluster::connect(&account).await {
+                    warn!(account = %name, error = %e, "assigned account refused: its kubeconfig cannot be used");
+                    return Ok(());
+                }
+                info!(account = %name, "account assigned");
+                assigned.insert(name, account);
+            }
+            Change::Withdrawn(name) => {
+                if assigned.remove(&name).is_none() {
+                    return Ok(());
+                }
+                info!(account = %name, "assigned account withdrawn");
+            }
+            Change::Synced(named) => {
+                let before = assigned.len();
+                assigned.retain(|name, _| named.contains(name));
+                if assigned.len() == before {
+                    return Ok(());
+                }
+                info!(
+                    kept = assigned.len(),
+                    "assigned accounts withdrawn while disconnected removed"
+                );
+            }
+        }
+        self.assigned = assigned;
+        let (merged, _) = crate::assignments::merged(&self.file_config, &self.assigned);
+        let mut merged = merged;
+        merged.origin = "assignments".to_owned();
+        self.apply(merged, clusters, Some(link)).await
     }
 
     /// Applies a reloaded configuration: accounts removed stop (their relayed
@@ -464,10 +580,12 @@ impl Agent {
         let answer = session.hello(&[]).await?;
         info!(gateway = %answer.gateway_id, granted = answer.granted.len(), refused = answer.refused.len(), "Hello answered");
         let control = open_control(&session).await;
+        let assignments = open_assignments(&self.config, &session).await;
         self.state.connected();
         let mut link = Link {
             session,
             control,
+            assignments,
             accounts: JoinSet::new(),
             drains: BTreeMap::new(),
             refused: Vec::new(),
@@ -566,6 +684,8 @@ struct Link {
     /// The gateway's signals; `None` when it serves no `Control` or the
     /// stream ended.
     control: Option<tonic::Streaming<ControlEvent>>,
+    /// Dynamic accounts; `None` when off, or until the stream is reopened.
+    assignments: Option<crate::assignments::Stream>,
     accounts: JoinSet<Result<()>>,
     /// Per account: cancelled when the account moves to a new connection.
     drains: BTreeMap<String, Handoff>,
@@ -594,6 +714,7 @@ impl Link {
             }
             // Dropping the link aborts what is left and closes the connection.
             drop(self.control.take());
+            drop(self.assignments.take());
         }
     }
 }
@@ -630,9 +751,45 @@ async fn open_control(session: &Session) -> Option<tonic::Streaming<ControlEvent
     }
 }
 
+/// Opens `Assignments` on the session's connection when dynamic accounts are
+/// on; `None` (logged) when that fails, to be retried.
+async fn open_assignments(
+    config: &Config,
+    session: &Session,
+) -> Option<crate::assignments::Stream> {
+    let dynamic = &config.dynamic_accounts;
+    if !dynamic.enabled {
+        return None;
+    }
+    match crate::assignments::open(session, &dynamic.zone).await {
+        Ok(stream) => {
+            info!(zone = %dynamic.zone, "Assignments stream open");
+            Some(stream)
+        }
+        Err(status) => {
+            warn!(error = %status, "Assignments stream not opened; retrying");
+            None
+        }
+    }
+}
+
+/// The next change on `assignments` (never, while there is no stream).
+async fn next_assignment(
+    assignments: &mut Option<crate::assignments::Stream>,
+) -> std::result::Result<crate::assignments::Change, tonic::Status> {
+    match assignments {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The next `Reconnect` on `control`; `None` once the stream has ended (and
-/// never, while there is no stream).
-async fn next_control(control: &mut Option<tonic::Streaming<ControlEvent>>) -> Option<Reconnect> {
+/// never, while there is no stream). Heartbeats on the way are recorded in
+/// `metrics` ([`gateway_heartbeat`]).
+async fn next_control(
+    control: &mut Option<tonic::Streaming<ControlEvent>>,
+    metrics: &Metrics,
+) -> Option<Reconnect> {
     let Some(stream) = control else {
         return std::future::pending().await;
     };
@@ -641,6 +798,11 @@ async fn next_control(control: &mut Option<tonic::Streaming<ControlEvent>>) -> O
             Ok(Some(ControlEvent {
                 event: Some(control_event::Event::Reconnect(r)),
             })) => return Some(r),
+            Ok(Some(ControlEvent {
+                event: Some(control_event::Event::Heartbeat(beat)),
+            })) => {
+                gateway_heartbeat(metrics, beat.unix_millis, unix_millis_now());
+            }
             Ok(Some(_)) => {}
             Ok(None) => return None,
             Err(status) => {
@@ -649,6 +811,36 @@ async fn next_control(control: &mut Option<tonic::Streaming<ControlEvent>>) -> O
             }
         }
     }
+}
+
+/// Clock offsets past this are worth a warning: tokens, certificates and
+/// JWTs are all checked against clocks.
+pub const CLOCK_OFFSET_WARNING: Duration = Duration::from_secs(30);
+
+/// Records the gateway's clock (`gateway_millis`, from a `Control`
+/// heartbeat) against this host's (`local_millis`) and warns when they are
+/// far apart. Returns the offset in seconds (gateway minus local).
+fn gateway_heartbeat(metrics: &Metrics, gateway_millis: i64, local_millis: i64) -> f64 {
+    metrics.control_heartbeats.inc();
+    if gateway_millis <= 0 {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)] // milliseconds within years: exact in f64
+    let offset = gateway_millis.saturating_sub(local_millis) as f64 / 1000.0;
+    metrics.gateway_clock_offset.set(offset);
+    if offset.abs() > CLOCK_OFFSET_WARNING.as_secs_f64() {
+        warn!(
+            offset_seconds = offset,
+            "this host's clock and the gateway's differ; check time sync (NTP) on both"
+        );
+    }
+    offset
+}
+
+fn unix_millis_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// One account's streams on one connection.
@@ -767,5 +959,38 @@ async fn run_account(run: AccountRun) -> Result<()> {
                 cache_done = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_record_the_gateways_clock_offset() {
+        let metrics = Metrics::new();
+        // The gateway is 2.5 s ahead.
+        assert!((gateway_heartbeat(&metrics, 1_002_500, 1_000_000) - 2.5).abs() < 1e-9);
+        assert!(
+            metrics
+                .encode()
+                .contains("spinlink_agent_gateway_clock_offset_seconds 2.5"),
+            "{}",
+            metrics.encode()
+        );
+        // Behind by 90 s: recorded (and warned about).
+        assert!((gateway_heartbeat(&metrics, 910_000, 1_000_000) + 90.0).abs() < 1e-9);
+        assert!(
+            metrics
+                .encode()
+                .contains("spinlink_agent_gateway_clock_offset_seconds -90.0")
+        );
+        // A heartbeat without a clock changes nothing.
+        assert_eq!(gateway_heartbeat(&metrics, 0, 1_000_000), 0.0);
+        assert!(
+            metrics
+                .encode()
+                .contains("spinlink_agent_gateway_clock_offset_seconds -90.0")
+        );
     }
 }

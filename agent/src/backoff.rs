@@ -60,6 +60,24 @@ impl Backoff {
     }
 }
 
+/// How long to wait before following a `Reconnect` whose deadline is
+/// `grace` away: uniform in `[0, min(grace / 2, max)]`, `max` being
+/// `reconnect.moveSpreadMaxMillis` (10 s by default). A draining gateway
+/// tells all its agents at once; spread out, they reach the other replicas
+/// at a rate their handshake admission takes, instead of as one storm (750
+/// agents over 10 s is 75 handshakes/s), and each still has half its grace
+/// or more to make the move.
+pub fn move_spread(grace: Duration, max: Duration) -> Duration {
+    move_spread_with(grace, max, &mut rand::rng())
+}
+
+/// [`move_spread`] with a given random source (for tests).
+pub fn move_spread_with<R: Rng + ?Sized>(grace: Duration, max: Duration, rng: &mut R) -> Duration {
+    let max = (grace / 2).min(max);
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rng.random_range(0..=nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +142,30 @@ mod tests {
         assert_eq!(
             b.cap(),
             Duration::from_millis(crate::config::DEFAULT_INITIAL_BACKOFF_MILLIS)
+        );
+    }
+
+    #[test]
+    fn moves_spread_over_half_the_grace_at_most() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let secs = Duration::from_secs;
+        let spreads: Vec<Duration> = (0..1000)
+            .map(|_| move_spread_with(secs(30), secs(10), &mut rng))
+            .collect();
+        assert!(spreads.iter().all(|d| *d <= secs(10)));
+        // Spread over the whole range, not bunched at one end.
+        assert!(spreads.iter().any(|d| *d < secs(1)));
+        assert!(spreads.iter().any(|d| *d > secs(9)));
+        // A short grace keeps half of it for the move.
+        assert!((0..100).all(|_| move_spread_with(secs(4), secs(10), &mut rng) <= secs(2)));
+        assert_eq!(
+            move_spread_with(Duration::ZERO, secs(10), &mut rng),
+            Duration::ZERO
+        );
+        // A configured maximum of zero moves at once.
+        assert_eq!(
+            move_spread_with(secs(30), Duration::ZERO, &mut rng),
+            Duration::ZERO
         );
     }
 }

@@ -76,6 +76,18 @@ impl Cluster {
         };
         let mut bearer = None;
         let kube_config = match (&account.kubeconfig_file, &account.kubeconfig_secret) {
+            (None, None) if account.kubeconfig_inline.is_some() => {
+                let inline = account
+                    .kubeconfig_inline
+                    .as_ref()
+                    .map(|k| k.0.clone())
+                    .unwrap_or_default();
+                let kubeconfig = inline_kubeconfig(&inline).map_err(config_error)?;
+                // kube's message names the field, never its value.
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| config_error(format!("assigned kubeconfig: {e}")))?
+            }
             (Some(path), _) => {
                 let kubeconfig = Kubeconfig::read_from(path)
                     .map_err(|e| config_error(format!("{}: {e}", path.display())))?;
@@ -294,12 +306,79 @@ async fn read_kubeconfig_secret(
     Kubeconfig::from_yaml(text).map_err(|_| format!("{named} key {key:?} is not a kubeconfig"))
 }
 
+/// An assigned account's kubeconfig, parsed and checked: it comes from the
+/// network, so it may not run a command on this host (`exec`,
+/// `auth-provider`) nor read a file of it (`tokenFile`,
+/// `client-certificate`, `client-key`, `certificate-authority`). Errors
+/// never quote it.
+pub fn inline_kubeconfig(bytes: &[u8]) -> std::result::Result<Kubeconfig, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "assigned kubeconfig is not UTF-8")?;
+    let kubeconfig =
+        Kubeconfig::from_yaml(text).map_err(|_| "assigned kubeconfig is not a kubeconfig")?;
+    for named in &kubeconfig.clusters {
+        if named
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.certificate_authority.is_some())
+        {
+            return Err(format!(
+                "assigned kubeconfig: cluster {:?} names a certificate-authority file; \
+                 use certificate-authority-data",
+                named.name
+            ));
+        }
+    }
+    for named in &kubeconfig.auth_infos {
+        let Some(auth) = &named.auth_info else {
+            continue;
+        };
+        let refused = [
+            ("exec", auth.exec.is_some()),
+            ("auth-provider", auth.auth_provider.is_some()),
+            ("tokenFile", auth.token_file.is_some()),
+            ("client-certificate", auth.client_certificate.is_some()),
+            ("client-key", auth.client_key.is_some()),
+        ];
+        if let Some((key, _)) = refused.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "assigned kubeconfig: user {:?} uses {key}, which assigned accounts may not \
+                 (no commands run, no files read on the agent's host)",
+                named.name
+            ));
+        }
+    }
+    Ok(kubeconfig)
+}
+
 /// The data key of a kubeconfig Secret when `kubeconfigSecret.key` is unset.
 pub const DEFAULT_KUBECONFIG_KEY: &str = "config";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_kubeconfigs_may_not_run_commands_or_read_files() {
+        let base = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+            clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+            contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+        let with_user = |user: &str| format!("{base}users: [{{name: u, user: {user}}}]\n");
+        assert!(inline_kubeconfig(with_user("{token: s3cr3t}").as_bytes()).is_ok());
+        for (user, key) in [
+            (
+                "{exec: {command: /bin/sh, apiVersion: client.authentication.k8s.io/v1}}",
+                "exec",
+            ),
+            ("{tokenFile: /etc/shadow}", "tokenFile"),
+            ("{client-key: /root/key.pem}", "client-key"),
+            ("{auth-provider: {name: gcp, config: {}}}", "auth-provider"),
+        ] {
+            let err = inline_kubeconfig(with_user(user).as_bytes()).unwrap_err();
+            assert!(err.contains(key), "{err}");
+        }
+        let err = inline_kubeconfig(b"token: s3cr3t: [").unwrap_err();
+        assert!(!err.contains("s3cr3t"), "{err}");
+    }
 
     #[test]
     fn group_versions_are_listed_once_each() {

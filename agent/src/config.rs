@@ -14,6 +14,8 @@ use serde::Deserialize;
 pub const DEFAULT_INITIAL_BACKOFF_MILLIS: u64 = 200;
 /// Default largest reconnect delay cap, in milliseconds.
 pub const DEFAULT_MAX_BACKOFF_MILLIS: u64 = 30_000;
+/// Default `reconnect.moveSpreadMaxMillis`.
+pub const DEFAULT_MOVE_SPREAD_MAX_MILLIS: u64 = 10_000;
 /// Default interval of application heartbeats on each cache stream, in seconds.
 /// Well inside the 350 s idle cut of cloud load balancers.
 pub const DEFAULT_HEARTBEAT_SECONDS: u64 = 30;
@@ -105,6 +107,9 @@ pub struct Config {
     /// Several replicas per cluster: a Lease per account elects the one that
     /// caches; every replica relays.
     pub leader_election: LeaderElectionConfig,
+    /// Accounts the sidecars assign to this agent at run time over the
+    /// `Assignments` stream (infrastructure mode only).
+    pub dynamic_accounts: DynamicAccountsConfig,
     /// The file the configuration was read from, watched for changes. Not a
     /// YAML key.
     #[serde(skip)]
@@ -140,6 +145,29 @@ impl Default for LeaderElectionConfig {
             namespace: DEFAULT_LEASE_NAMESPACE.to_owned(),
             identity: None,
         }
+    }
+}
+
+/// The `dynamicAccounts:` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct DynamicAccountsConfig {
+    /// Open `Assignments` on every connection and serve what it assigns.
+    pub enabled: bool,
+    /// The zone whose accounts this agent takes; empty takes the accounts
+    /// created without a zone.
+    pub zone: String,
+}
+
+/// A kubeconfig held in memory: an account assigned over `Assignments`.
+/// A credential: its `Debug` shows the size only, and errors about it never
+/// quote it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct InlineKubeconfig(pub std::sync::Arc<Vec<u8>>);
+
+impl std::fmt::Debug for InlineKubeconfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<kubeconfig, {} bytes>", self.0.len())
     }
 }
 
@@ -243,6 +271,9 @@ pub struct ReconnectConfig {
     pub initial_backoff_millis: u64,
     /// The largest delay cap.
     pub max_backoff_millis: u64,
+    /// The longest wait before following a gateway's `Reconnect` (never
+    /// more than half its deadline): see [`crate::backoff::move_spread`].
+    pub move_spread_max_millis: u64,
 }
 
 impl Default for ReconnectConfig {
@@ -250,6 +281,7 @@ impl Default for ReconnectConfig {
         Self {
             initial_backoff_millis: DEFAULT_INITIAL_BACKOFF_MILLIS,
             max_backoff_millis: DEFAULT_MAX_BACKOFF_MILLIS,
+            move_spread_max_millis: DEFAULT_MOVE_SPREAD_MAX_MILLIS,
         }
     }
 }
@@ -263,6 +295,11 @@ impl ReconnectConfig {
     /// The largest delay cap as a duration.
     pub fn max(&self) -> Duration {
         Duration::from_millis(self.max_backoff_millis)
+    }
+
+    /// The longest wait before following a `Reconnect`, as a duration.
+    pub fn move_spread_max(&self) -> Duration {
+        Duration::from_millis(self.move_spread_max_millis)
     }
 }
 
@@ -302,6 +339,10 @@ pub struct AccountConfig {
     /// with the in-cluster service account; exclusive with `kubeconfigFile`
     /// and `serviceAccount`.
     pub kubeconfig_secret: Option<SecretRef>,
+    /// An assigned account's kubeconfig (see [`InlineKubeconfig`]). Not a
+    /// YAML key: only `Assignments` sets it.
+    #[serde(skip)]
+    pub kubeconfig_inline: Option<InlineKubeconfig>,
     /// Where the service account's `token`, `ca.crt` and `namespace` are
     /// mounted (with `serviceAccount: true` or `kubeconfigSecret`); default
     /// [`DEFAULT_SERVICE_ACCOUNT_DIR`]. The token is read again whenever the
@@ -435,6 +476,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             reload_interval_seconds: DEFAULT_RELOAD_INTERVAL_SECONDS,
             leader_election: LeaderElectionConfig::default(),
+            dynamic_accounts: DynamicAccountsConfig::default(),
             file: None,
             origin: String::new(),
         }
@@ -592,10 +634,43 @@ impl Config {
             }
         }
 
-        if self.kubernetes.accounts.is_empty() {
+        let dynamic = &self.dynamic_accounts;
+        if dynamic.enabled {
+            if le.enabled {
+                // Every replica would claim accounts for itself.
+                return Err(invalid(
+                    "dynamicAccounts.enabled",
+                    "cannot be used with leaderElection.enabled",
+                ));
+            }
+            if let Some(i) = self
+                .kubernetes
+                .accounts
+                .iter()
+                .position(|a| a.service_account)
+            {
+                return Err(invalid(
+                    &format!("kubernetes.accounts[{i}].serviceAccount"),
+                    "dynamicAccounts is for infrastructure mode (accounts from kubeconfigs); \
+                     an agent serving its own cluster with serviceAccount: true cannot take them",
+                ));
+            }
+            if http::HeaderValue::from_str(&dynamic.zone).is_err() {
+                return Err(invalid(
+                    "dynamicAccounts.zone",
+                    "not usable as a header value",
+                ));
+            }
+        } else if !dynamic.zone.is_empty() {
+            return Err(invalid(
+                "dynamicAccounts.zone",
+                "only used with dynamicAccounts.enabled: true",
+            ));
+        }
+        if self.kubernetes.accounts.is_empty() && !dynamic.enabled {
             return Err(invalid(
                 "kubernetes.accounts",
-                "at least one account is required",
+                "at least one account is required (or dynamicAccounts.enabled: true)",
             ));
         }
         let mut names = BTreeSet::new();
@@ -616,7 +691,8 @@ impl Config {
             }
             let sources = usize::from(account.kubeconfig_file.is_some())
                 + usize::from(account.service_account)
-                + usize::from(account.kubeconfig_secret.is_some());
+                + usize::from(account.kubeconfig_secret.is_some())
+                + usize::from(account.kubeconfig_inline.is_some());
             if sources != 1 {
                 return Err(invalid(
                     &key("kubeconfigFile"),

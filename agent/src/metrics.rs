@@ -73,6 +73,11 @@ pub struct Metrics {
     /// Age of the oldest unacknowledged message, in seconds, per account:
     /// how far the sidecar's cache is behind what the agent has seen.
     pub lag: Family<AccountLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The gateway's clock minus this host's, in seconds, from the last
+    /// `Heartbeat` on `Control` (0 until one arrives).
+    pub gateway_clock_offset: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `Heartbeat`s received from the gateway on `Control`.
+    pub control_heartbeats: Counter,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
     pub active: crate::cache::active::WatchTable,
@@ -100,6 +105,8 @@ impl Metrics {
         let reloads = Family::<ResultLabels, Counter>::default();
         let unacked = Family::<AccountLabels, Gauge>::default();
         let lag = Family::<AccountLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let gateway_clock_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let control_heartbeats = Counter::default();
         registry.register("events", "Watch events sent", events.clone());
         registry.register("bytes", "Object bytes sent", bytes.clone());
         registry.register("watches", "Watches running", watches.clone());
@@ -141,6 +148,17 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             lag.clone(),
         );
+        registry.register_with_unit(
+            "gateway_clock_offset",
+            "The gateway's clock minus this host's, from its last Control heartbeat",
+            prometheus_client::registry::Unit::Seconds,
+            gateway_clock_offset.clone(),
+        );
+        registry.register(
+            "control_heartbeats",
+            "Heartbeats received from the gateway on Control",
+            control_heartbeats.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             events,
@@ -155,6 +173,8 @@ impl Metrics {
             reloads,
             unacked,
             lag,
+            gateway_clock_offset,
+            control_heartbeats,
             active: crate::cache::active::WatchTable::default(),
         }
     }

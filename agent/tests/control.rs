@@ -101,7 +101,8 @@ async fn a_draining_gateway_hands_over_without_failing_a_relay() {
 async fn connections_past_their_maximum_age_are_replaced_without_a_gap() {
     let chain = chain().await;
     let age = json!({"listener": {"maxConnectionAgeSeconds": 2,
-        "maxConnectionAgeJitterPercent": 0, "maxConnectionAgeGraceSeconds": 5}});
+        "maxConnectionAgeJitterPercent": 0, "maxConnectionAgeGraceSeconds": 5,
+        "controlHeartbeatSeconds": 1}});
     let gw1 = start_gateway(chain.dir(), &chain.pki, "gw1", chain.tunnel, age.clone()).await;
     let gw2 = start_gateway(chain.dir(), &chain.pki, "gw2", chain.tunnel, age).await;
     let lb = balancer::Balancer::start(&[gw1.addr, gw2.addr], None);
@@ -133,6 +134,11 @@ async fn connections_past_their_maximum_age_are_replaced_without_a_gap() {
     assert_eq!(
         metric(&text, "spinlink_agent_connections_total "),
         metric(&text, MOVES) + 1,
+        "{text}"
+    );
+    // The gateways' `Control` heartbeats reached the agent.
+    assert!(
+        metric(&text, "spinlink_agent_control_heartbeats_total ") >= 1,
         "{text}"
     );
 

@@ -137,8 +137,14 @@ async fn a_crd_created_while_running_is_watched() {
         "cache:\n  discoveryIntervalSeconds: 1\n",
     )
     .await;
+    // Kinds sync in no set order: wait for every one checked below.
     run.gw
-        .wait_for("first sync", |r| synced(r).contains("deployments.apps"))
+        .wait_for("first sync", |r| {
+            let kinds = synced(r);
+            ["deployments.apps", "pods", "secrets"]
+                .iter()
+                .all(|k| kinds.contains(*k))
+        })
         .await;
     run.gw.with(|r| {
         let kinds = synced(r);

@@ -59,12 +59,13 @@ fn full_example_parses_with_defaults() {
 fn explicit_values_override_defaults() {
     let f = Files::new();
     let yaml = format!(
-        "{}reconnect:\n  initialBackoffMillis: 10\n  maxBackoffMillis: 20\nheartbeatSeconds: 5\n",
+        "{}reconnect:\n  initialBackoffMillis: 10\n  maxBackoffMillis: 20\n  moveSpreadMaxMillis: 0\nheartbeatSeconds: 5\n",
         f.yaml(&f.account("dev"))
     );
     let c = Config::from_yaml_str(&yaml, "agent.yaml").unwrap();
     assert_eq!(c.reconnect.initial(), Duration::from_millis(10));
     assert_eq!(c.reconnect.max(), Duration::from_millis(20));
+    assert_eq!(c.reconnect.move_spread_max(), Duration::ZERO);
     assert_eq!(c.heartbeat_seconds, 5);
 }
 
@@ -399,4 +400,67 @@ fn reload_interval_parses_and_files_are_remembered() {
     std::fs::write(&path, &yaml).unwrap();
     let c = Config::from_file(&path).unwrap();
     assert_eq!(c.file.as_deref(), Some(path.as_path()));
+}
+
+#[test]
+fn dynamic_accounts_allow_no_configured_account_in_infrastructure_mode_only() {
+    let f = Files::new();
+    let none = f.yaml("    []\n");
+    let err = Config::from_yaml_str(&none, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kubernetes.accounts"), "{err}");
+    let dynamic = format!("{none}dynamicAccounts: {{enabled: true, zone: eu-1}}\n");
+    let c = Config::from_yaml_str(&dynamic, "agent.yaml").unwrap();
+    assert!(c.dynamic_accounts.enabled);
+    assert_eq!(c.dynamic_accounts.zone, "eu-1");
+
+    let in_cluster = format!(
+        "{}dynamicAccounts: {{enabled: true}}\n",
+        f.yaml("    - name: dev\n      serviceAccount: true\n")
+    );
+    let err = Config::from_yaml_str(&in_cluster, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kubernetes.accounts[0].serviceAccount") && err.contains("infrastructure"),
+        "{err}"
+    );
+    let with_leader = format!(
+        "{}dynamicAccounts: {{enabled: true}}\nleaderElection: {{enabled: true}}\n",
+        f.yaml(&f.account("dev"))
+    );
+    let err = Config::from_yaml_str(&with_leader, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dynamicAccounts.enabled"), "{err}");
+    let zone_alone = format!(
+        "{}dynamicAccounts: {{zone: eu}}\n",
+        f.yaml(&f.account("dev"))
+    );
+    let err = Config::from_yaml_str(&zone_alone, "agent.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dynamicAccounts.zone"), "{err}");
+}
+
+#[test]
+fn an_inline_kubeconfig_is_a_source_and_is_never_printed() {
+    let f = Files::new();
+    let mut c = Config::from_yaml_str(&f.yaml(&f.account("dev")), "agent.yaml").unwrap();
+    let mut assigned = AccountConfig {
+        name: "assigned".into(),
+        kubeconfig_inline: Some(InlineKubeconfig(std::sync::Arc::new(
+            b"users: [{user: {token: s3cr3t-token}}]".to_vec(),
+        ))),
+        ..AccountConfig::default()
+    };
+    c.kubernetes.accounts.push(assigned.clone());
+    c.validate().unwrap();
+    let printed = format!("{c:?}");
+    assert!(!printed.contains("s3cr3t"), "{printed}");
+    // Exactly one source.
+    assigned.service_account = true;
+    c.kubernetes.accounts[1] = assigned;
+    assert!(c.validate().is_err());
 }

@@ -116,7 +116,10 @@ impl Session {
             .map_err(Error::Hello)?
             .into_inner();
         let now = Instant::now();
-        let unix = unix_now();
+        // The grants' expiry is on the gateway's clock: a token's lifetime
+        // is measured against it when the gateway states it, so an agent
+        // whose clock lags still renews before the token expires.
+        let unix = grant_clock(response.now_unix, unix_now());
         let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
         for grant in &response.granted {
             let renew_at = renew_delay(grant.expires_at_unix, unix).map(|d| now + d);
@@ -209,6 +212,13 @@ fn renew_delay(expires_at_unix: i64, now: i64) -> Option<Duration> {
     Some(by_margin.max(by_share).max(MIN_RENEW_INTERVAL))
 }
 
+/// The clock grants are measured against: the gateway's, as its `Hello`
+/// answer stated it (`stated`, 0 when it did not), else this host's
+/// (`local`).
+fn grant_clock(stated: i64, local: i64) -> i64 {
+    if stated > 0 { stated } else { local }
+}
+
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,5 +242,26 @@ mod tests {
         // Already expired, or nearly: soon, but not in a loop.
         assert_eq!(renew_delay(1000, 1000), Some(MIN_RENEW_INTERVAL));
         assert_eq!(renew_delay(900, 1000), Some(MIN_RENEW_INTERVAL));
+    }
+
+    #[test]
+    fn lifetimes_are_measured_on_the_gateways_clock() {
+        let secs = Duration::from_secs;
+        // A token the gateway issued at its 1000 for 600 s; this host's
+        // clock lags two minutes. On the local clock the renewal would
+        // come 90 s after the token expired.
+        let (expires, gateway, local) = (1600, 1000, 880);
+        assert_eq!(renew_delay(expires, local), Some(secs(690)));
+        assert_eq!(
+            renew_delay(expires, grant_clock(gateway, local)),
+            Some(secs(570))
+        );
+        // A clock running ahead renews early, also fixed.
+        assert_eq!(
+            renew_delay(expires, grant_clock(gateway, 1300)),
+            Some(secs(570))
+        );
+        // A gateway that does not state its clock: the local one.
+        assert_eq!(grant_clock(0, local), local);
     }
 }

@@ -139,7 +139,10 @@ impl Chain {
             "gateway": {"url": format!("https://localhost:{gateway_port}"),
                 "caFile": self.pki.ca_cert(), "certFile": self.pki.cert(&agent_name),
                 "keyFile": self.pki.key(&agent_name)},
-            "reconnect": {"initialBackoffMillis": 50, "maxBackoffMillis": 200},
+            // A short spread before following `Reconnect`: the relayed
+            // watches these tests follow across a move last a few seconds.
+            "reconnect": {"initialBackoffMillis": 50, "maxBackoffMillis": 200,
+                "moveSpreadMaxMillis": 500},
             // Secrets are not cached, so the sidecar relays their watches
             // through the agent: the relays these tests follow across moves.
             "kubernetes": {"accounts": [{"name": "dev", "omitKinds": ["Secret"],

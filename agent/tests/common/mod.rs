@@ -151,6 +151,15 @@ impl Tunnel for Svc {
         Err(Status::unimplemented("no Control in this fake"))
     }
 
+    type AssignmentsStream = BoxStream<spinlink_proto::v1::AssignmentsDown>;
+
+    async fn assignments(
+        &self,
+        _request: Request<Streaming<spinlink_proto::v1::AssignmentsUp>>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        Err(Status::unimplemented("no Assignments in this fake"))
+    }
+
     async fn hello(
         &self,
         request: Request<HelloRequest>,
