@@ -19,6 +19,10 @@ pub const DEFAULT_STORE_URL: &str = "sqlite::memory:";
 pub const DEFAULT_INSTANCE_ID: &str = "sidecar";
 /// How long a relayed request waits for the agent's response head.
 pub const DEFAULT_RELAY_TIMEOUT_SECS: u64 = 60;
+/// Memory the facade's OpenAPI cache may hold, shared by every account: a
+/// cluster's documents take 10–15 MB (v2 as JSON and protobuf, the v3
+/// documents), and clusters of one version and CRD set share one copy.
+pub const DEFAULT_OPENAPI_CACHE_BYTES: u64 = 256 * 1024 * 1024;
 /// How long an account whose agent disconnected is kept (served stale from
 /// its cache, registered in Clouddriver) before it is removed.
 pub const DEFAULT_GRACE_PERIOD_SECS: u64 = 600;
@@ -154,6 +158,9 @@ pub struct FacadeConfig {
     /// this instance owns are forwarded there); defaults to
     /// `http://<listen>` with an unspecified address read as loopback.
     pub advertise_url: Option<String>,
+    /// Bytes of OpenAPI documents kept in memory across all accounts
+    /// (least recently used dropped first); 0 relays every OpenAPI request.
+    pub openapi_cache_bytes: u64,
 }
 
 impl Default for FacadeConfig {
@@ -162,6 +169,7 @@ impl Default for FacadeConfig {
             listen: parse_addr(DEFAULT_FACADE_LISTEN),
             relay_timeout_seconds: DEFAULT_RELAY_TIMEOUT_SECS,
             advertise_url: None,
+            openapi_cache_bytes: DEFAULT_OPENAPI_CACHE_BYTES,
         }
     }
 }
@@ -173,12 +181,33 @@ pub struct OwnershipConfig {
     /// Seconds an account's lease lasts unless renewed (renewed every third
     /// of it); also how long a dead sidecar's accounts wait for a new owner.
     pub lease_seconds: u64,
+    /// Where this sidecar serves its account caches to its peers (the warm
+    /// handover, [`crate::handover`]); defaults to the facade's address on
+    /// an ephemeral port.
+    pub handover_listen: Option<SocketAddr>,
+    /// The base URL peers fetch snapshots from; defaults to
+    /// `http://<handoverListen>` with an unspecified address read as loopback.
+    pub handover_advertise_url: Option<String>,
+    /// How long a new owner waits for the old owner's snapshot before its
+    /// agent lists every kind instead. Keep it below the agents'
+    /// `cache.resumeWaitMillis` (5 s by default).
+    pub handover_timeout_millis: u64,
+    /// How long a draining sidecar keeps serving snapshots of the accounts
+    /// it gave up until every one was fetched.
+    pub handover_drain_seconds: u64,
+    /// The largest snapshot a new owner accepts, in bytes.
+    pub handover_max_bytes: u64,
 }
 
 impl Default for OwnershipConfig {
     fn default() -> Self {
         Self {
             lease_seconds: crate::ownership::DEFAULT_LEASE.as_secs(),
+            handover_listen: None,
+            handover_advertise_url: None,
+            handover_timeout_millis: crate::handover::DEFAULT_TIMEOUT_MILLIS,
+            handover_drain_seconds: crate::handover::DEFAULT_DRAIN_SECONDS,
+            handover_max_bytes: crate::handover::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -209,6 +238,10 @@ pub struct AccountsConfig {
     pub grace_period_seconds: u64,
     /// Relayed operations remembered per account (a ring buffer).
     pub operation_history: usize,
+    /// The key that seals dynamic accounts' kubeconfigs (AES-256-GCM): a
+    /// file of 32 random bytes, raw or base64. Without it `POST
+    /// /v1/accounts` answers 503.
+    pub encryption_key_file: Option<PathBuf>,
 }
 
 impl Default for AccountsConfig {
@@ -216,6 +249,7 @@ impl Default for AccountsConfig {
         Self {
             grace_period_seconds: DEFAULT_GRACE_PERIOD_SECS,
             operation_history: DEFAULT_OPERATION_HISTORY,
+            encryption_key_file: None,
         }
     }
 }
@@ -383,6 +417,26 @@ impl Config {
                 _ => return Err(invalid("facade.advertiseUrl", "must be an http:// URL")),
             }
         }
+        if let Some(u) = &self.ownership.handover_advertise_url {
+            match url::Url::parse(u) {
+                Ok(p) if p.scheme() == "http" && p.host().is_some() => {}
+                _ => {
+                    return Err(invalid(
+                        "ownership.handoverAdvertiseUrl",
+                        "must be an http:// URL",
+                    ));
+                }
+            }
+        }
+        if self.ownership.handover_timeout_millis == 0 {
+            return Err(invalid(
+                "ownership.handoverTimeoutMillis",
+                "must be at least 1",
+            ));
+        }
+        if self.ownership.handover_max_bytes == 0 {
+            return Err(invalid("ownership.handoverMaxBytes", "must be at least 1"));
+        }
         if self.accounts.grace_period_seconds == 0 {
             return Err(invalid("accounts.gracePeriodSeconds", "must be at least 1"));
         }
@@ -463,6 +517,13 @@ mod tests {
             PathBuf::from("ca.crt")
         );
         assert_eq!(c.facade.relay_timeout_seconds, DEFAULT_RELAY_TIMEOUT_SECS);
+        assert_eq!(c.facade.openapi_cache_bytes, DEFAULT_OPENAPI_CACHE_BYTES);
+        let off = Config::from_yaml_str(
+            "tunnel: { insecure: true }\nfacade: { openapiCacheBytes: 0 }\n",
+            "t.yaml",
+        )
+        .unwrap();
+        assert_eq!(off.facade.openapi_cache_bytes, 0);
     }
 
     #[test]

@@ -5,16 +5,20 @@
 //!
 //! Start with [`Sidecar`]: [`Sidecar::bind`] then [`Sidecar::run`]. A request
 //! flows through [`tunnel`] (streams in) → [`accounts`] / [`cache`] (state) →
-//! [`facade`] (Kubernetes API out); [`store`] records accounts in SQLite;
+//! [`facade`] (Kubernetes API out); [`dynamic`] holds the accounts created
+//! through the API and hands them to agents; [`store`] records accounts in SQLite;
 //! [`accounts::lifecycle`] ends grace periods and drives [`clouddriver`]
-//! registration.
+//! registration; [`ownership`] decides which sidecar serves an account and
+//! [`handover`] moves its cache to the next one on a planned move.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
 pub mod cache;
 pub mod clouddriver;
 pub mod config;
+pub mod dynamic;
 pub mod facade;
+pub mod handover;
 pub mod metrics;
 pub mod ownership;
 pub mod store;
@@ -57,6 +61,9 @@ pub enum Error {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] store::Error),
+    /// The dynamic accounts' encryption key could not be loaded.
+    #[error("accounts.encryptionKeyFile: {0}")]
+    EncryptionKey(#[from] dynamic::crypto::Error),
     /// The tunnel server failed.
     #[error("tunnel server: {0}")]
     Tunnel(#[from] tonic::transport::Error),
@@ -86,9 +93,12 @@ pub struct Sidecar {
     tunnel_addr: SocketAddr,
     facade: TcpListener,
     facade_addr: SocketAddr,
+    handover: TcpListener,
+    handover_addr: SocketAddr,
     security: tunnel::Security,
     accounts: Accounts,
     store: store::Store,
+    cipher: Option<dynamic::crypto::Cipher>,
 }
 
 async fn bind_listener(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
@@ -124,9 +134,22 @@ impl Sidecar {
                 tunnel::Security::Insecure
             }
         };
+        let cipher = match &config.accounts.encryption_key_file {
+            Some(path) => Some(dynamic::crypto::Cipher::from_file(path)?),
+            None => None,
+        };
         let store = store::Store::open(&config.store.url).await?;
         let (tunnel, tunnel_addr) = bind_listener("tunnel", config.tunnel.listen).await?;
         let (facade, facade_addr) = bind_listener("facade", config.facade.listen).await?;
+        // Peers reach it where they reach the facade, unless told otherwise.
+        let (handover, handover_addr) = bind_listener(
+            "handover",
+            config
+                .ownership
+                .handover_listen
+                .unwrap_or_else(|| SocketAddr::new(facade_addr.ip(), 0)),
+        )
+        .await?;
         let accounts = Accounts::with_history(config.accounts.operation_history)
             .with_instance(&config.instance_id);
         Ok(Sidecar {
@@ -135,9 +158,12 @@ impl Sidecar {
             tunnel_addr,
             facade,
             facade_addr,
+            handover,
+            handover_addr,
             security,
             accounts,
             store,
+            cipher,
         })
     }
 
@@ -149,6 +175,11 @@ impl Sidecar {
     /// The facade listener's address.
     pub fn facade_addr(&self) -> SocketAddr {
         self.facade_addr
+    }
+
+    /// The listener serving account snapshots to peers.
+    pub fn handover_addr(&self) -> SocketAddr {
+        self.handover_addr
     }
 
     /// A handle on the accounts registry, usable after `run` starts.
@@ -177,6 +208,31 @@ impl Sidecar {
             Duration::from_secs(self.config.ownership.lease_seconds),
             Duration::from_secs(self.config.accounts.grace_period_seconds),
         );
+        ownership.set_peer_url(
+            &self
+                .config
+                .ownership
+                .handover_advertise_url
+                .clone()
+                .unwrap_or_else(|| facade_url(self.handover_addr)),
+        );
+        let metrics = metrics::Metrics::default();
+        let handover = handover::Handover::new(
+            self.accounts.clone(),
+            handover::Settings {
+                timeout: Duration::from_millis(self.config.ownership.handover_timeout_millis),
+                max_bytes: self.config.ownership.handover_max_bytes,
+            },
+            metrics.clone(),
+        );
+        // Outlives the facade and the streams: peers read the caches of the
+        // accounts this sidecar gives up until the drain ends (below).
+        let handover_stop = CancellationToken::new();
+        let handover_server = tokio::spawn(handover::serve(
+            self.handover,
+            handover.clone(),
+            handover_stop.clone(),
+        ));
         // The drain runs in order: the facade stops taking connections and
         // finishes the requests it has — relayed ones need the agents'
         // streams — and only then do the streams end and the leases go, so
@@ -188,16 +244,21 @@ impl Sidecar {
             registered,
             streams.clone(),
         ));
+        let dynamic = Arc::new(
+            dynamic::Dynamic::new(self.store.clone(), self.cipher, self.accounts.clone())
+                .with_clouddriver(self.config.clouddriver.clone()),
+        );
         let service =
             tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), streams.clone())
-                .with_ownership(ownership.clone());
+                .with_ownership(ownership.clone())
+                .with_handover(handover.clone())
+                .with_dynamic(dynamic.clone());
         let tunnel = tokio::spawn(tunnel::serve(
             self.tunnel,
             self.security,
             service,
             streams.clone(),
         ));
-        let metrics = metrics::Metrics::default();
         let registrar = self.config.clouddriver.clone().map(|cd| {
             clouddriver::Registrar::start(cd, &facade_url(self.facade_addr), metrics.clone())
         });
@@ -214,14 +275,28 @@ impl Sidecar {
             Duration::from_secs(self.config.facade.relay_timeout_seconds),
         )
         .with_metrics(metrics)
+        .with_openapi_cache_bytes(
+            usize::try_from(self.config.facade.openapi_cache_bytes).unwrap_or(usize::MAX),
+        )
         .with_ownership(ownership)
+        .with_dynamic(dynamic)
         .with_shutdown(shutdown.clone());
         let facade = tokio::spawn({
             let serve = facade::serve(self.facade, facade_impl, shutdown.clone());
             let streams = streams.clone();
+            let accounts = self.accounts.clone();
             async move {
                 serve.await;
+                // What this sidecar gives up: new owners fetch their caches
+                // before it exits (below).
+                let leaving: Vec<String> = accounts
+                    .all()
+                    .iter()
+                    .filter(|a| a.presence() == accounts::Presence::Online)
+                    .map(|a| a.name().to_owned())
+                    .collect();
                 streams.cancel();
+                leaving
             }
         });
         let stop = shutdown.clone();
@@ -248,8 +323,33 @@ impl Sidecar {
         let lifecycle_result = lifecycle.await;
         // Leases are released before the store closes.
         let owning_result = owning.await;
+        // The leases are free: the accounts' new owners fetch their caches
+        // now. Only a store other sidecars share can have any.
+        let shared = !(self.config.store.url.contains(":memory:")
+            || self.config.store.url.contains("mode=memory"));
+        if shared && let Ok(online) = &facade_result {
+            let leaving: Vec<String> = online
+                .iter()
+                .filter(|name| {
+                    self.accounts.get(name).is_some_and(|a| {
+                        a.presence() == accounts::Presence::Stale && a.read_cache().counts().0 > 0
+                    })
+                })
+                .cloned()
+                .collect();
+            let within = Duration::from_secs(self.config.ownership.handover_drain_seconds);
+            if !leaving.is_empty() && !handover.wait_fetched(&leaving, within).await {
+                tracing::info!(
+                    accounts = leaving.len(),
+                    "not every account's cache was fetched by a new owner before the drain ended"
+                );
+            }
+        }
+        handover_stop.cancel();
+        let handover_result = handover_server.await;
         self.store.close().await;
         owning_result.map_err(|e| Error::Task("ownership", e))?;
+        handover_result.map_err(|e| Error::Task("handover", e))?;
         lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;
         if let Some(r) = tunnel_result {

@@ -56,6 +56,9 @@ struct Inner {
     state: Family<Labels, Gauge>,
     cache_watches: Family<Labels, Gauge>,
     cache_watches_expired: Family<Labels, Counter>,
+    handovers: Family<Labels, Counter>,
+    openapi_bytes: Gauge,
+    openapi_documents: Gauge,
 }
 
 /// Holds one open cache-served watch in the gauge; dropping it lets go.
@@ -135,11 +138,32 @@ impl Metrics {
             "Cache-served watches ended with 410 Expired (resourceVersion too old, or the watcher fell behind the history)",
             cache_watches_expired.clone(),
         );
+        let handovers = Family::<Labels, Counter>::default();
+        registry.register(
+            "handovers",
+            "Accounts taken over from another sidecar, by outcome: warm (its cache snapshot loaded, the agent resumed) or cold with the reason (the agent listed again)",
+            handovers.clone(),
+        );
+        let openapi_bytes = Gauge::default();
+        registry.register(
+            "openapi_cache_bytes",
+            "Bytes of OpenAPI documents the facade holds for all accounts (distinct bodies plus per-entry keys and headers)",
+            openapi_bytes.clone(),
+        );
+        let openapi_documents = Gauge::default();
+        registry.register(
+            "openapi_cache_documents",
+            "Distinct OpenAPI documents the facade holds (accounts with the same document share one)",
+            openapi_documents.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
+                openapi_bytes,
+                openapi_documents,
                 cache_watches,
                 cache_watches_expired,
+                handovers,
                 requests,
                 relay_seconds,
                 registrations,
@@ -174,12 +198,35 @@ impl Metrics {
         OpenWatch { gauge }
     }
 
+    /// An account was taken over from another sidecar: `outcome` is `warm`
+    /// or `cold`, `reason` why it was cold (empty when warm).
+    pub fn handover(&self, outcome: &str, reason: &str) {
+        self.inner
+            .handovers
+            .get_or_create(&vec![
+                ("outcome".to_owned(), outcome.to_owned()),
+                ("reason".to_owned(), reason.to_owned()),
+            ])
+            .inc();
+    }
+
     /// A watch served from the cache ended with 410 Expired.
     pub fn cache_watch_expired(&self, account: &str) {
         self.inner
             .cache_watches_expired
             .get_or_create(&vec![("account".to_owned(), account.to_owned())])
             .inc();
+    }
+
+    /// Records the OpenAPI cache's size (set before each scrape).
+    pub fn openapi_cache(&self, bytes: usize, documents: usize) {
+        let inner = &self.inner;
+        inner
+            .openapi_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        inner
+            .openapi_documents
+            .set(i64::try_from(documents).unwrap_or(i64::MAX));
     }
 
     /// Records how long a relayed request waited for its response head.
@@ -315,7 +362,13 @@ mod tests {
             "{text}"
         );
         drop(open);
+        m.openapi_cache(4096, 2);
         let text = m.render(&accounts);
+        assert!(
+            text.contains("spinlink_sidecar_openapi_cache_bytes 4096")
+                && text.contains("spinlink_sidecar_openapi_cache_documents 2"),
+            "{text}"
+        );
         assert!(
             text.contains(r#"spinlink_sidecar_cache_watches_open{account="prod"} 0"#),
             "{text}"

@@ -16,17 +16,24 @@ fn pod(name: &str) -> serde_json::Value {
         "spec": {"containers": [{"name": "c"}]}})
 }
 
-#[tokio::test]
-async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
+/// Sidecars `sidecar-a` and `sidecar-b` on one SQLite store (in the
+/// returned directory) with `lease_seconds` leases.
+async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(tempfile::TempDir, Running, Running)> {
     let dir = tempfile::tempdir()?;
     let store = format!("sqlite://{}", dir.path().join("shared.db").display());
     let extra = |id: &str| {
         format!(
-            "store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: 30 }}\ninstanceId: {id}\n"
+            "store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n"
         )
     };
     let a = start_named(&extra("sidecar-a")).await?;
     let b = start_named(&extra("sidecar-b")).await?;
+    Ok((dir, a, b))
+}
+
+#[tokio::test]
+async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
+    let (_dir, a, b) = two_sidecars(30).await?;
 
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
@@ -114,6 +121,43 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
     let now = get(&http, &b.url(path)).await?;
     assert_eq!(now.json()["items"][0]["metadata"]["name"], "web-2");
     drop(cache_b);
+    b.stop().await
+}
+
+#[tokio::test]
+async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() -> anyhow::Result<()>
+{
+    // A 60 s lease, renewed every 20 s: the takeover below must come from
+    // the release when the streams end, long before either.
+    let (_dir, a, b) = two_sidecars(60).await?;
+    let mut to_a = a.client().await?;
+    let mut cache = CacheStream::open(&mut to_a, "prod").await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    sync(&mut cache, &pods, &[pod("web-1")]).await?;
+    cache.wait_acked().await?;
+    wait_status(&a, "prod", |s| s.online).await?;
+
+    // The agent's streams to A end (its gateway died); A stays up.
+    let started = tokio::time::Instant::now();
+    drop(cache);
+    wait_status(&a, "prod", |s| !s.online).await?;
+    let mut to_b = b.client().await?;
+    let deadline = started + std::time::Duration::from_secs(10);
+    let mut cache_b = loop {
+        match CacheStream::open(&mut to_b, "prod").await {
+            Ok(stream) => break stream,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let status = e.downcast_ref::<tonic::Status>().expect("a gRPC status");
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.context("B never took over A's released account")),
+        }
+    };
+    sync(&mut cache_b, &pods, &[pod("web-2")]).await?;
+    cache_b.wait_acked().await?;
+    drop(cache_b);
+    a.stop().await?;
     b.stop().await
 }
 

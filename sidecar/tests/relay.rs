@@ -171,6 +171,42 @@ async fn relay_stream_gone_fails_waiting_requests_with_503() -> anyhow::Result<(
 }
 
 #[tokio::test]
+async fn a_relay_stream_without_a_cache_stream_still_relays() -> anyhow::Result<()> {
+    // An agent moving connections: the old cache stream has ended, the new
+    // relay stream is open, the new cache stream is not yet.
+    let (sidecar, mut relay, cache) = setup().await?;
+    drop(cache);
+    wait_status(&sidecar, "prod", |s| !s.online && s.relay).await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log");
+    let client = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move { get(&http, &url).await })
+    };
+    let relay_down::Msg::Head(req) = relay.next().await? else {
+        panic!("expected a request head");
+    };
+    relay.send(head(req.id, 200)).await?;
+    relay.send(chunk(req.id, "line\n", true)).await?;
+    let answer = client.await??;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body, &b"line\n"[..]);
+
+    // With neither stream the account is offline: refused, retryable.
+    drop(relay);
+    wait_status(&sidecar, "prod", |s| !s.relay).await?;
+    let refused = get(&http, &url).await?;
+    assert_eq!(refused.status, 503);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("offline")
+    );
+    sidecar.stop().await
+}
+
+#[tokio::test]
 async fn client_going_away_cancels_the_request() -> anyhow::Result<()> {
     let (sidecar, mut relay, _cache) = setup().await?;
     let http = http();

@@ -54,7 +54,12 @@ impl Lifecycle {
                     let Some(since) = account.offline_since() else {
                         continue;
                     };
-                    let end = since + self.grace;
+                    // A deleted dynamic account gets no grace period.
+                    let end = if account.withdrawn() {
+                        since
+                    } else {
+                        since + self.grace
+                    };
                     if end <= now {
                         if account.remove_if_offline() {
                             tracing::info!(
@@ -102,6 +107,28 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn withdrawn_accounts_are_removed_as_soon_as_they_are_offline() {
+        let accounts = Accounts::new();
+        let a = accounts.get_or_create("a");
+        a.cache_opened("id");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            Lifecycle::new(accounts.clone(), Duration::from_secs(600), None).run(shutdown.clone()),
+        );
+        a.withdraw();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(a.presence(), Presence::Online, "online accounts stay");
+        a.cache_closed();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a.presence() != Presence::Removed {
+            assert!(Instant::now() < deadline, "never removed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        shutdown.cancel();
+        task.await.unwrap();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn stale_accounts_are_removed_after_the_grace_period_only() {

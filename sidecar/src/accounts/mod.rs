@@ -211,6 +211,9 @@ struct State {
     /// Since when no cache stream is open (`None` while online).
     offline_since: Option<(Instant, DateTime<Utc>)>,
     removed: bool,
+    /// A deleted dynamic account: removed as soon as it is offline, with no
+    /// grace period.
+    withdrawn: bool,
     /// Cancelled by a manual disconnect; every stream of the account ends.
     connection: CancellationToken,
     registration: Registration,
@@ -235,6 +238,7 @@ impl Account {
                 highest_seq: None,
                 offline_since: Some((Instant::now(), Utc::now())),
                 removed: false,
+                withdrawn: false,
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
                 operations: VecDeque::new(),
@@ -326,6 +330,24 @@ impl Account {
         true
     }
 
+    /// The account was deleted (a dynamic account): once offline it is
+    /// removed at once, without a grace period.
+    pub fn withdraw(&self) {
+        lock(&self.state).withdrawn = true;
+        self.changed();
+    }
+
+    /// The account was created again: the grace period applies again.
+    pub fn restore(&self) {
+        lock(&self.state).withdrawn = false;
+        self.changed();
+    }
+
+    /// Whether the account was deleted (see [`withdraw`](Self::withdraw)).
+    pub fn withdrawn(&self) -> bool {
+        lock(&self.state).withdrawn
+    }
+
     /// A token for one stream of this account: cancelled by `parent` or by
     /// a manual [`disconnect`](Self::disconnect).
     pub fn stream_token(&self, parent: &CancellationToken) -> CancellationToken {
@@ -403,6 +425,24 @@ impl Account {
                 (seq, true)
             }
         }
+    }
+
+    /// The highest contiguous cache message held, if any arrived.
+    pub fn highest_seq(&self) -> Option<u64> {
+        lock(&self.state).highest_seq
+    }
+
+    /// Continues the numbering from `seq`, the highest message the previous
+    /// owner had applied when its snapshot was taken, so the agent's replay
+    /// of what the snapshot holds is skipped. Only an account without
+    /// numbering of its own takes it; returns whether this one did.
+    pub fn continue_seq(&self, seq: u64) -> bool {
+        let mut s = lock(&self.state);
+        if s.highest_seq.is_some() || seq == 0 {
+            return false;
+        }
+        s.highest_seq = Some(seq);
+        true
     }
 
     /// Records the registration state.

@@ -22,6 +22,7 @@
 //! resourceVersion order, then the vanished ones as deletions.
 
 pub mod history;
+pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -264,6 +265,8 @@ pub enum Applied {
 pub struct Cache {
     kinds: HashMap<KindKey, CachedKind>,
     discovery: HashMap<String, Document>,
+    /// SHA-256 of the discovery snapshot (see [`Cache::discovery_digest`]).
+    discovery_digest: [u8; 32],
     history: History,
 }
 
@@ -292,6 +295,23 @@ pub struct WatchBatch {
     pub caught_up: bool,
     /// The kind's watch position (meaningful when caught up).
     pub position: u64,
+}
+
+/// SHA-256 of a discovery snapshot, independent of the documents' order.
+fn snapshot_digest(documents: &[v1::Document]) -> [u8; 32] {
+    let mut sorted: Vec<&v1::Document> = documents.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for d in sorted {
+        // Length-prefixed, so no two different snapshots hash the same bytes.
+        for field in [d.path.as_bytes(), d.content_type.as_bytes(), &d.body] {
+            ctx.update(&(field.len() as u64).to_be_bytes());
+            ctx.update(field);
+        }
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
 }
 
 /// `a` is newer than `b`: compared as integers when both are, else assumed.
@@ -637,6 +657,7 @@ impl Cache {
 
     /// Replaces the discovery documents.
     pub fn set_discovery(&mut self, documents: Vec<v1::Document>) {
+        self.discovery_digest = snapshot_digest(&documents);
         self.discovery = documents
             .into_iter()
             .map(|d| {
@@ -659,6 +680,14 @@ impl Cache {
     /// Whether any discovery document is held.
     pub fn has_discovery(&self) -> bool {
         !self.discovery.is_empty()
+    }
+
+    /// A digest of the discovery snapshot's content (paths, content types
+    /// and bodies, in path order): it changes exactly when the cluster's API
+    /// surface does (a CRD added or removed), not when the same snapshot is
+    /// sent again after a reconnect. The facade's OpenAPI cache keys on it.
+    pub fn discovery_digest(&self) -> [u8; 32] {
+        self.discovery_digest
     }
 
     /// The kind at group/version/resource, synced or not.
@@ -1147,5 +1176,28 @@ mod tests {
         c.set_discovery(vec![doc("/version")]);
         assert!(c.discovery("/api").is_none());
         assert!(c.discovery("/version").is_some());
+    }
+
+    #[test]
+    fn discovery_digest_follows_content_not_order() {
+        let doc = |p: &str, body: &[u8]| v1::Document {
+            path: p.into(),
+            content_type: "application/json".into(),
+            body: body.to_vec(),
+        };
+        let mut c = Cache::default();
+        let empty = c.discovery_digest();
+        c.set_discovery(vec![doc("/api", b"{}"), doc("/apis", b"{}")]);
+        let first = c.discovery_digest();
+        assert_ne!(first, empty);
+        // The same snapshot again, in another order: unchanged.
+        c.set_discovery(vec![doc("/apis", b"{}"), doc("/api", b"{}")]);
+        assert_eq!(c.discovery_digest(), first);
+        // A group version added (a CRD): changed.
+        c.set_discovery(vec![doc("/api", b"{}"), doc("/apis", b"{\"g\":1}")]);
+        assert_ne!(c.discovery_digest(), first);
+        // Field boundaries count: moving bytes between path and body differs.
+        c.set_discovery(vec![doc("/a", b"pi{}"), doc("/apis", b"{}")]);
+        assert_ne!(c.discovery_digest(), first);
     }
 }

@@ -1,10 +1,12 @@
 //! The Kubernetes API facade: plain HTTP/1.1 and HTTP/2 on loopback, one base
 //! path per account (`/accounts/<name>/...`) plus the accounts API
 //! (`/v1/accounts`). A request is answered, in this order, from the
-//! discovery snapshot ([`read::discovery`]), from the cache
+//! discovery snapshot ([`read::discovery`]), from the OpenAPI documents
+//! fetched through earlier ([`openapi`]), from the cache
 //! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]), or
-//! relayed live to the agent ([`relay`]). Every error is a `metav1.Status`
-//! from `spinlink-kube-api`, answered by [`body::status`].
+//! relayed live to the agent ([`relay`]); a relayed OpenAPI `200` is kept.
+//! Every error is a `metav1.Status` from `spinlink-kube-api`, answered by
+//! [`body::status`].
 //!
 //! While an account is stale (its agent went away, the grace period runs),
 //! reads the cache can answer are served with a `Warning` header saying how
@@ -13,6 +15,7 @@
 //! Prometheus metrics.
 
 pub mod body;
+pub mod openapi;
 pub mod read;
 pub mod relay;
 pub mod route;
@@ -46,6 +49,10 @@ pub struct Facade {
     metrics: Metrics,
     ownership: Option<Arc<Ownership>>,
     watch: watch::Settings,
+    /// OpenAPI documents fetched through, shared by every account.
+    openapi: Arc<openapi::OpenApiCache>,
+    /// Dynamic accounts (`POST`/`DELETE /v1/accounts`…), when served.
+    dynamic: Option<Arc<crate::dynamic::Dynamic>>,
 }
 
 impl Facade {
@@ -57,8 +64,20 @@ impl Facade {
             relay_timeout,
             metrics: Metrics::default(),
             ownership: None,
+            dynamic: None,
             watch: watch::Settings::default(),
+            openapi: Arc::new(openapi::OpenApiCache::new(
+                usize::try_from(crate::config::DEFAULT_OPENAPI_CACHE_BYTES).unwrap_or(usize::MAX),
+            )),
         }
+    }
+
+    /// Keeps at most `bytes` of OpenAPI documents (default
+    /// [`crate::config::DEFAULT_OPENAPI_CACHE_BYTES`]; 0 relays every one).
+    #[must_use]
+    pub fn with_openapi_cache_bytes(mut self, bytes: usize) -> Self {
+        self.openapi = Arc::new(openapi::OpenApiCache::new(bytes));
+        self
     }
 
     /// Ends the watches served from the cache when `shutdown` fires.
@@ -84,6 +103,13 @@ impl Facade {
         self
     }
 
+    /// Serves the dynamic accounts API from `dynamic`.
+    #[must_use]
+    pub fn with_dynamic(mut self, dynamic: Arc<crate::dynamic::Dynamic>) -> Self {
+        self.dynamic = Some(dynamic);
+        self
+    }
+
     /// Counts requests in `metrics` (and serves them at `/metrics`).
     #[must_use]
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
@@ -100,7 +126,20 @@ impl Facade {
     {
         let path = req.uri().path().to_owned();
         if path == "/metrics" && req.method() == Method::GET {
+            // The gauge shows live documents only.
+            self.openapi.sweep(|name| {
+                let account = self.accounts.get(name)?;
+                (account.presence() != Presence::Removed)
+                    .then(|| account.read_cache().discovery_digest())
+            });
+            self.metrics
+                .openapi_cache(self.openapi.bytes(), self.openapi.documents());
             return body::text(self.metrics.render(&self.accounts));
+        }
+        if let Some(dynamic) = &self.dynamic
+            && crate::dynamic::api::serves(req.method(), &path)
+        {
+            return crate::dynamic::api::handle(dynamic, req).await;
         }
         if accounts::api::owns(&path) {
             return accounts::api::handle(&self.accounts, req.method(), &path);
@@ -140,7 +179,13 @@ impl Facade {
             // Between owners (one drained or died, its agent is reconnecting
             // to another): the account exists, so "not found" would be a lie
             // clients act on.
-            if let Some(own) = &self.ownership
+            // A deleted dynamic account is gone, not moving.
+            let deleted = match &self.dynamic {
+                Some(dynamic) => dynamic.deleted(&name).await,
+                None => false,
+            };
+            if !deleted
+                && let Some(own) = &self.ownership
                 && own.recently_served(&name).await
             {
                 return ownership::retryable(format!(
@@ -159,15 +204,25 @@ impl Facade {
             .unwrap_or("")
             .to_owned();
         let rp = ResourcePath::parse(&k8s_path);
-        let verb = metrics::verb(
-            req.method(),
-            rp.as_ref().is_some_and(|p| p.name.is_some()),
-            Query::parse(req.uri().query())
-                .get("watch")
-                .is_some_and(|w| w == "true" || w == "1"),
-        );
+        let verb = if openapi::is_openapi(&k8s_path) {
+            "openapi"
+        } else {
+            metrics::verb(
+                req.method(),
+                rp.as_ref().is_some_and(|p| p.name.is_some()),
+                Query::parse(req.uri().query())
+                    .get("watch")
+                    .is_some_and(|w| w == "true" || w == "1"),
+            )
+        };
+        let openapi_key = (req.method() == Method::GET)
+            .then(|| openapi::Key::new(&k8s_path, req.uri().query(), &accept))
+            .flatten();
         if req.method() == Method::GET {
             let cached = read::discovery(&account, &k8s_path, &accept).or_else(|| {
+                if let Some(key) = &openapi_key {
+                    return openapi::serve(&self.openapi, &account, key, req.headers());
+                }
                 let rp = rp.as_ref()?;
                 let query = Query::parse(req.uri().query());
                 if route::watch_from_cache(req.method(), rp, &query) {
@@ -186,7 +241,10 @@ impl Facade {
                 return resp;
             }
         }
-        if stale {
+        // Its agent moving to a new gateway connection opens the new relay
+        // stream first and replaces the cache stream after: in between the
+        // account has no cache stream but can still relay.
+        if stale && account.relay().is_none() {
             self.metrics.request(&name, verb, Source::Refused);
             let offline = accounts::age_seconds(account.offline_since());
             let status = Status::new(
@@ -207,10 +265,14 @@ impl Facade {
         }
         self.metrics.request(&name, verb, Source::Relay);
         let started = std::time::Instant::now();
-        let resp = relay::relay(account, req, k8s_path, self.relay_timeout).await;
+        let discovery = account.read_cache().discovery_digest();
+        let resp = relay::relay(account.clone(), req, k8s_path, self.relay_timeout).await;
         self.metrics
             .relay_latency(&name, started.elapsed().as_secs_f64());
-        resp
+        match openapi_key {
+            Some(key) => openapi::keep(&self.openapi, &account, key, discovery, resp).await,
+            None => resp,
+        }
     }
 }
 
@@ -231,6 +293,34 @@ fn warn_stale(account: &Account, resp: &mut Response<Body>) {
 /// connections finish for [`DEFAULT_DRAIN_GRACE`].
 pub async fn serve(listener: TcpListener, facade: Facade, shutdown: CancellationToken) {
     let facade = Arc::new(facade);
+    serve_http(
+        listener,
+        "facade",
+        move |req| {
+            let facade = facade.clone();
+            async move { facade.handle(req).await }
+        },
+        shutdown,
+        DEFAULT_DRAIN_GRACE,
+    )
+    .await;
+}
+
+/// Serves HTTP/1.1 and h2c on `listener` with `handle` until `shutdown`;
+/// then refuses new connections at once (rather than leave them queued in
+/// the backlog until the process exits, so a load balancer or Service sends
+/// them to another instance) and gives each open one `grace` to finish.
+/// `what` names the listener in logs.
+pub async fn serve_http<F, Fut>(
+    listener: TcpListener,
+    what: &'static str,
+    handle: F,
+    shutdown: CancellationToken,
+    grace: Duration,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let (tcp, peer) = tokio::select! {
@@ -239,7 +329,7 @@ pub async fn serve(listener: TcpListener, facade: Facade, shutdown: Cancellation
             r = listener.accept() => match r {
                 Ok(pair) => pair,
                 Err(e) => {
-                    tracing::warn!(error = %e, "facade accept failed");
+                    tracing::warn!(listener = what, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -248,12 +338,12 @@ pub async fn serve(listener: TcpListener, facade: Facade, shutdown: Cancellation
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-        let facade = facade.clone();
+        let handle = handle.clone();
         let stop = shutdown.clone();
         conns.spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let facade = facade.clone();
-                async move { Ok::<_, Infallible>(facade.handle(req).await) }
+                let answer = handle(req);
+                async move { Ok::<_, Infallible>(answer.await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(tcp), service);
@@ -262,20 +352,17 @@ pub async fn serve(listener: TcpListener, facade: Facade, shutdown: Cancellation
                 r = conn.as_mut() => r,
                 () = stop.cancelled() => {
                     conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(DEFAULT_DRAIN_GRACE, conn.as_mut()).await {
+                    match tokio::time::timeout(grace, conn.as_mut()).await {
                         Ok(r) => r,
                         Err(_) => Ok(()),
                     }
                 }
             };
             if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "facade connection ended with an error");
+                tracing::debug!(listener = what, %peer, error = %e, "connection ended with an error");
             }
         });
     }
-    // Refuse new connections at once rather than leave them queued in the
-    // backlog until the process exits (a load balancer or Service then
-    // sends them to another instance).
     drop(listener);
     // Each connection task bounds its own drain.
     while conns.join_next().await.is_some() {}

@@ -1,9 +1,9 @@
 //! Which sidecar owns an account when several share one store. The owner is
 //! the instance holding the account's lease in the store ([`crate::store`]):
 //! it is claimed when an agent's cache stream opens here, renewed while the
-//! account is online, left to lapse while it is stale (so the instance its
-//! agent reconnects to can take it over within one lease), and released when
-//! the account is removed or the sidecar drains. A cache stream for an account another
+//! account is online, and released as soon as the account is stale (its
+//! streams here ended), removed, or the sidecar drains — so the instance its
+//! agent reconnects to takes it over at once, not one lease later. A cache stream for an account another
 //! instance holds is refused with a retryable status until that lease ends.
 //!
 //! A facade request for an account this instance does not serve is forwarded
@@ -12,7 +12,7 @@
 //! answered with a retryable 503, never forwarded again. Start with
 //! [`Ownership`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Accounts, Presence};
 use crate::facade::body::{self, Body, BoxError};
+use crate::handover::Peer;
 use crate::store::{Acquired, Store};
 
 /// Marks a request one sidecar forwarded to another; its value names the
@@ -78,6 +79,8 @@ pub struct Ownership {
     grace: Duration,
     owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
     client: Client<HttpConnector, ForwardBody>,
+    /// Where this instance serves snapshots to its peers, if it does.
+    peer_url: Mutex<Option<String>>,
 }
 
 impl Ownership {
@@ -99,12 +102,47 @@ impl Ownership {
             grace,
             owners: Mutex::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
+            peer_url: Mutex::default(),
         })
     }
 
     /// This instance's id.
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// Records, with this instance, where it serves snapshots to its peers
+    /// ([`crate::handover`]); call before [`Ownership::register`].
+    pub fn set_peer_url(&self, url: &str) {
+        *self.peer_url.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(url.trim_end_matches('/').to_owned());
+    }
+
+    /// The other instance that held `account`'s lease last (expired,
+    /// released or not), with where it serves snapshots: whom a new owner
+    /// takes the account over from. Read before claiming, which replaces it.
+    pub async fn previous_owner(&self, account: &str) -> Option<Peer> {
+        let lease = match self.store.lease(account).await {
+            Ok(lease) => lease?,
+            Err(e) => {
+                tracing::warn!(%account, error = %e, "reading the previous owner failed");
+                return None;
+            }
+        };
+        if lease.owner == self.instance {
+            return None;
+        }
+        let url = match self.store.instance_peer_url(&lease.owner).await {
+            Ok(url) => url,
+            Err(e) => {
+                tracing::warn!(%account, error = %e, "reading the previous owner's address failed");
+                None
+            }
+        };
+        Some(Peer {
+            instance: lease.owner,
+            url,
+        })
     }
 
     /// Takes or renews the lease on `account`.
@@ -129,7 +167,8 @@ impl Ownership {
     /// Releases this instance's lease on `account`, if it holds it.
     pub async fn release(&self, account: &str) {
         match self.store.lease(account).await {
-            Ok(Some(lease)) if lease.owner == self.instance => {
+            // Released already (expiry 0): nothing to write.
+            Ok(Some(lease)) if lease.owner == self.instance && lease.expires_at > 0 => {
                 if let Err(e) = self
                     .store
                     .release_lease(account, &self.instance, lease.epoch)
@@ -217,14 +256,30 @@ impl Ownership {
     /// to it; returns whether the store took it. Called before the sidecar
     /// serves, and again by [`Ownership::run`] until it succeeds.
     pub async fn register(&self) -> bool {
-        match self
+        if let Err(e) = self
             .store
             .register_instance(&self.instance, &self.facade_url)
             .await
         {
-            Ok(()) => true,
+            tracing::warn!(error = %e, "registering this instance failed");
+            return false;
+        }
+        let peer_url = self
+            .peer_url
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(peer_url) = peer_url else {
+            return true;
+        };
+        match self
+            .store
+            .set_instance_peer_url(&self.instance, &peer_url)
+            .await
+        {
+            Ok(registered) => registered,
             Err(e) => {
-                tracing::warn!(error = %e, "registering this instance failed");
+                tracing::warn!(error = %e, "registering this instance's snapshot address failed");
                 false
             }
         }
@@ -240,43 +295,75 @@ impl Ownership {
         shutdown: CancellationToken,
     ) {
         let every = (self.lease / 3).max(Duration::from_millis(100));
+        // Wakes the loop when an account's streams open or close, so a
+        // stale account's lease is released at once, not at the next renewal.
+        let mut changes = accounts.subscribe();
+        // Stale accounts already released (until they are online again).
+        let mut released: HashSet<String> = HashSet::new();
+        let mut renew_at = Instant::now();
         loop {
             if !registered {
                 registered = self.register().await;
             }
+            let renew = Instant::now() >= renew_at;
             for account in accounts.all() {
                 match account.presence() {
-                    Presence::Removed => {
+                    Presence::Removed if renew => {
                         self.release(account.name()).await;
                         // Removed: the name is free for another cluster.
                         if let Err(e) = self.store.clear_fingerprint(account.name()).await {
                             tracing::warn!(account = account.name(), error = %e, "clearing the cluster fingerprint failed");
                         }
                     }
-                    // A stale account's lease lapses on its own, so the
-                    // instance its agent reconnects to can take it over;
-                    // until then this one serves its cached reads.
-                    Presence::Stale => {}
-                    Presence::Online => match self.claim(account.name()).await {
-                        Ok(()) => {}
-                        Err(ClaimError::HeldBy { owner, .. }) => {
-                            // Another instance took it (our lease lapsed): let
-                            // the agent reconnect to wherever it belongs.
-                            tracing::warn!(
-                                account = account.name(), %owner,
-                                "account owned by another sidecar; ending its streams here"
-                            );
-                            account.disconnect();
+                    Presence::Removed => {}
+                    // The agent's streams here ended: wherever it reconnects
+                    // takes the account over at once (warm, from this cache,
+                    // see `crate::handover`). Until someone does, this
+                    // instance serves its cached reads; a reconnect here
+                    // claims it again.
+                    Presence::Stale => {
+                        if released.insert(account.name().to_owned()) {
+                            self.release(account.name()).await;
                         }
-                        Err(e) => {
-                            tracing::warn!(account = account.name(), error = %e, "renewing the lease failed");
+                    }
+                    Presence::Online => {
+                        released.remove(account.name());
+                        if !renew {
+                            continue;
                         }
-                    },
+                        match self.claim(account.name()).await {
+                            Ok(()) => {}
+                            Err(ClaimError::HeldBy { owner, .. }) => {
+                                // Another instance took it (our lease lapsed): let
+                                // the agent reconnect to wherever it belongs.
+                                tracing::warn!(
+                                    account = account.name(), %owner,
+                                    "account owned by another sidecar; ending its streams here"
+                                );
+                                account.disconnect();
+                            }
+                            Err(e) => {
+                                tracing::warn!(account = account.name(), error = %e, "renewing the lease failed");
+                            }
+                        }
+                    }
                 }
+            }
+            if renew {
+                renew_at = Instant::now() + every;
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(every) => {}
+                () = tokio::time::sleep_until(renew_at) => {}
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // No more changes will come: renewals only.
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = tokio::time::sleep_until(renew_at) => {}
+                        }
+                    }
+                }
             }
         }
         for account in accounts.all() {
@@ -331,4 +418,47 @@ pub fn retryable(message: String) -> Response<Body> {
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_previous_owner_is_whoever_held_the_lease_last() {
+        let store = Store::open("sqlite::memory:").await.unwrap();
+        let own = |id: &str| {
+            Ownership::new(
+                store.clone(),
+                id,
+                &format!("http://{id}:7009"),
+                DEFAULT_LEASE,
+                Duration::from_secs(600),
+            )
+        };
+        let (s1, s2) = (own("s1"), own("s2"));
+        s1.set_peer_url("http://s1:7010/");
+        assert!(s1.register().await);
+        // s2 serves no snapshots (an older sidecar).
+        assert!(s2.register().await);
+        assert_eq!(s2.previous_owner("prod").await, None, "never owned");
+        s1.claim("prod").await.unwrap();
+        let from_s1 = Some(Peer {
+            instance: "s1".into(),
+            url: Some("http://s1:7010".into()),
+        });
+        assert_eq!(s2.previous_owner("prod").await, from_s1);
+        assert_eq!(s1.previous_owner("prod").await, None, "itself");
+        // A drain releases the lease but the record of who held it stays.
+        s1.release("prod").await;
+        assert_eq!(s2.previous_owner("prod").await, from_s1);
+        s2.claim("prod").await.unwrap();
+        assert_eq!(
+            s1.previous_owner("prod").await,
+            Some(Peer {
+                instance: "s2".into(),
+                url: None
+            })
+        );
+    }
 }

@@ -141,6 +141,43 @@ pub struct KindVersion {
     pub resource_version: String,
 }
 
+/// A dynamic account as stored. `Debug` leaves the sealed kubeconfig out.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct DynamicRow {
+    /// Account name.
+    pub name: String,
+    /// The zone whose agents may take it; empty: agents without a zone.
+    pub zone: String,
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    /// The kubeconfig context; empty: its current context.
+    pub context: String,
+    /// The kubeconfig, sealed (see `dynamic::crypto`).
+    pub sealed_kubeconfig: Vec<u8>,
+    /// SHA-256 (hex) of the cluster CA; empty when unknown.
+    pub ca_fingerprint: String,
+    /// The agent that holds it; empty when none.
+    pub agent_id: String,
+    /// Unix milliseconds when its agent last renewed the claim.
+    pub agent_seen_at: i64,
+    /// Unix milliseconds when created.
+    pub created_at: i64,
+    /// Unix milliseconds when last changed.
+    pub updated_at: i64,
+}
+
+impl std::fmt::Debug for DynamicRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamicRow")
+            .field("name", &self.name)
+            .field("zone", &self.zone)
+            .field("namespaces", &self.namespaces)
+            .field("agent_id", &self.agent_id)
+            .field("updated_at", &self.updated_at)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Pool {
     Sqlite(SqlitePool),
@@ -156,6 +193,30 @@ macro_rules! with_pool {
             Pool::Postgres($pool) => $body,
         }
     };
+}
+
+/// Reads a [`DynamicRow`] from a row of either engine (a macro: the row
+/// types differ, the code does not).
+macro_rules! dynamic_row {
+    ($r:expr) => {{
+        let r = $r;
+        (|| -> Result<DynamicRow> {
+            let namespaces: String = r.try_get("namespaces")?;
+            Ok(DynamicRow {
+                name: r.try_get("name")?,
+                zone: r.try_get("zone")?,
+                // Written by `put_dynamic` only; an unreadable list means all.
+                namespaces: serde_json::from_str(&namespaces).unwrap_or_default(),
+                context: r.try_get("context")?,
+                sealed_kubeconfig: r.try_get("kubeconfig")?,
+                ca_fingerprint: r.try_get("ca_fingerprint")?,
+                agent_id: r.try_get("agent_id")?,
+                agent_seen_at: r.try_get("agent_seen_at")?,
+                created_at: r.try_get("created_at")?,
+                updated_at: r.try_get("updated_at")?,
+            })
+        })()
+    }};
 }
 
 /// The database handle; cheap to clone.
@@ -541,11 +602,152 @@ impl Store {
         })
     }
 
+    /// Records where sidecar `id` serves its caches to its peers (see
+    /// [`crate::handover`]). The instance must be registered already;
+    /// returns whether it was.
+    pub async fn set_instance_peer_url(&self, id: &str, peer_url: &str) -> Result<bool> {
+        let sql = "UPDATE instances SET peer_url = $2 WHERE id = $1";
+        let n = with_pool!(self, pool => {
+            sqlx::query(sql).bind(id).bind(peer_url)
+                .execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Where sidecar `id` serves its caches to its peers, if it said.
+    pub async fn instance_peer_url(&self, id: &str) -> Result<Option<String>> {
+        let sql = "SELECT peer_url FROM instances WHERE id = $1";
+        let url: Option<String> = with_pool!(self, pool => {
+            sqlx::query(sql).bind(id).fetch_optional(pool).await?
+                .map(|r| r.try_get("peer_url"))
+                .transpose()?
+        });
+        Ok(url.filter(|u| !u.is_empty()))
+    }
+
+    /// Creates dynamic account `row.name`, or updates its zone, namespaces,
+    /// context, sealed kubeconfig and fingerprint. A change of zone frees it
+    /// from its agent; otherwise the agent keeps it (and is sent the new
+    /// settings). `agent_id`, `agent_seen_at` and `created_at` of `row` are
+    /// ignored.
+    pub async fn put_dynamic(&self, row: &DynamicRow) -> Result<()> {
+        let now = now_millis();
+        let namespaces = serde_json::to_string(&row.namespaces).unwrap_or_else(|_| "[]".into());
+        let sql = "INSERT INTO dynamic_accounts (name, zone, namespaces, context, kubeconfig,
+               ca_fingerprint, agent_id, agent_seen_at, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, '', 0, $7, $7)
+             ON CONFLICT(name) DO UPDATE SET
+               agent_id = CASE WHEN dynamic_accounts.zone = excluded.zone
+                                AND dynamic_accounts.deleted_at = 0
+                               THEN dynamic_accounts.agent_id ELSE '' END,
+               deleted_at = 0,
+               zone = excluded.zone,
+               namespaces = excluded.namespaces,
+               context = excluded.context,
+               kubeconfig = excluded.kubeconfig,
+               ca_fingerprint = excluded.ca_fingerprint,
+               updated_at = excluded.updated_at";
+        with_pool!(self, pool => {
+            sqlx::query(sql)
+                .bind(&row.name).bind(&row.zone).bind(&namespaces).bind(&row.context)
+                .bind(&row.sealed_kubeconfig).bind(&row.ca_fingerprint).bind(now)
+                .execute(pool).await?;
+        });
+        Ok(())
+    }
+
+    /// Deletes dynamic account `name`: its kubeconfig is erased and a
+    /// tombstone kept (see [`Store::dynamic_deleted`]). Returns whether it
+    /// existed.
+    pub async fn delete_dynamic(&self, name: &str) -> Result<bool> {
+        let sql = "UPDATE dynamic_accounts
+             SET deleted_at = $2, kubeconfig = $3, agent_id = '', updated_at = $2
+             WHERE name = $1 AND deleted_at = 0";
+        let n = with_pool!(self, pool => {
+            sqlx::query(sql).bind(name).bind(now_millis()).bind(Vec::<u8>::new())
+                .execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Whether `name` is a deleted dynamic account (and not created again).
+    pub async fn dynamic_deleted(&self, name: &str) -> Result<bool> {
+        let sql = "SELECT name FROM dynamic_accounts WHERE name = $1 AND deleted_at > 0";
+        Ok(with_pool!(self, pool => {
+            sqlx::query(sql).bind(name).fetch_optional(pool).await?.is_some()
+        }))
+    }
+
+    /// Every dynamic account, by name.
+    pub async fn dynamic_accounts(&self) -> Result<Vec<DynamicRow>> {
+        let sql = format!(
+            "SELECT {DYNAMIC_COLUMNS} FROM dynamic_accounts WHERE deleted_at = 0 ORDER BY name"
+        );
+        with_pool!(self, pool => {
+            sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await?
+                .into_iter().map(|r| dynamic_row!(&r)).collect()
+        })
+    }
+
+    /// Dynamic account `name`, if there is one.
+    pub async fn dynamic_account(&self, name: &str) -> Result<Option<DynamicRow>> {
+        let sql = format!(
+            "SELECT {DYNAMIC_COLUMNS} FROM dynamic_accounts WHERE name = $1 AND deleted_at = 0"
+        );
+        with_pool!(self, pool => {
+            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(name).fetch_optional(pool).await?
+                .map(|r| dynamic_row!(&r)).transpose()
+        })
+    }
+
+    /// Claims for `agent_id` every dynamic account of `zone` that `allowed`
+    /// accepts and that no agent holds, or whose agent has not renewed its
+    /// claim for `ttl`; renews the agent's own claims; and returns all the
+    /// accounts it now holds, by name. One statement per account: two
+    /// agents claiming at once never both win it.
+    pub async fn claim_dynamic(
+        &self,
+        agent_id: &str,
+        zone: &str,
+        ttl: std::time::Duration,
+        allowed: impl Fn(&str) -> bool,
+    ) -> Result<Vec<DynamicRow>> {
+        let list = "SELECT name FROM dynamic_accounts WHERE zone = $1 AND deleted_at = 0
+             ORDER BY name";
+        let names: Vec<String> = with_pool!(self, pool => {
+            sqlx::query(list).bind(zone).fetch_all(pool).await?
+                .into_iter().map(|r| r.try_get("name")).collect::<Result<_, _>>()?
+        });
+        let now = now_millis();
+        let expired = now.saturating_sub(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        let sql = format!(
+            "UPDATE dynamic_accounts SET agent_id = $1, agent_seen_at = $3
+             WHERE name = $5 AND zone = $2 AND deleted_at = 0
+               AND (agent_id = $1 OR agent_id = '' OR agent_seen_at < $4)
+             RETURNING {DYNAMIC_COLUMNS}"
+        );
+        let mut rows = Vec::new();
+        for name in names.iter().filter(|n| allowed(n)) {
+            let row: Option<DynamicRow> = with_pool!(self, pool => {
+                sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                    .bind(agent_id).bind(zone).bind(now).bind(expired).bind(name)
+                    .fetch_optional(pool).await?
+                    .map(|r| dynamic_row!(&r)).transpose()?
+            });
+            rows.extend(row);
+        }
+        Ok(rows)
+    }
+
     /// Closes the pool.
     pub async fn close(&self) {
         with_pool!(self, pool => pool.close().await);
     }
 }
+
+/// The columns of a [`DynamicRow`].
+const DYNAMIC_COLUMNS: &str = "name, zone, namespaces, context, kubeconfig, ca_fingerprint, \
+    agent_id, agent_seen_at, created_at, updated_at";
 
 fn lease_of(
     owner: Result<String, sqlx::Error>,

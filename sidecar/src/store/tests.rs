@@ -312,6 +312,51 @@ async fn instances_are_registered_and_found() {
 }
 
 #[tokio::test]
+async fn peer_urls_belong_to_registered_instances() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        // Not registered: nothing to attach it to.
+        assert!(
+            !store
+                .set_instance_peer_url("s1", "http://10.0.0.1:7010")
+                .await
+                .unwrap(),
+            "{e}"
+        );
+        store
+            .register_instance("s1", "http://10.0.0.1:7009")
+            .await
+            .unwrap();
+        assert_eq!(store.instance_peer_url("s1").await.unwrap(), None, "{e}");
+        assert!(
+            store
+                .set_instance_peer_url("s1", "http://10.0.0.1:7010")
+                .await
+                .unwrap(),
+            "{e}"
+        );
+        // Registering again (a restart) keeps the facade and peer URLs apart.
+        store
+            .register_instance("s1", "http://10.0.0.2:7009")
+            .await
+            .unwrap();
+        assert_eq!(
+            store.instance_peer_url("s1").await.unwrap().as_deref(),
+            Some("http://10.0.0.1:7010"),
+            "{e}"
+        );
+        assert_eq!(
+            store.instance_url("s1").await.unwrap().as_deref(),
+            Some("http://10.0.0.2:7009"),
+            "{e}"
+        );
+        assert_eq!(store.instance_peer_url("s2").await.unwrap(), None, "{e}");
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
 async fn one_account_name_names_one_cluster() {
     let engines = Engines::new().await;
     for store in &engines.stores {
@@ -366,6 +411,109 @@ async fn one_account_name_names_one_cluster() {
             None,
             "{e}"
         );
+    }
+    engines.done().await;
+}
+
+fn dynamic(name: &str, zone: &str) -> DynamicRow {
+    DynamicRow {
+        name: name.into(),
+        zone: zone.into(),
+        namespaces: vec!["ns-a".into(), "ns-b".into()],
+        context: "ctx".into(),
+        sealed_kubeconfig: vec![1, 0, 255, 7],
+        ca_fingerprint: "ab".repeat(32),
+        ..DynamicRow::default()
+    }
+}
+
+#[tokio::test]
+async fn dynamic_accounts_are_claimed_by_one_agent_of_their_zone() {
+    let engines = Engines::new().await;
+    let ttl = Duration::from_secs(30);
+    for store in &engines.stores {
+        store.put_dynamic(&dynamic("a", "eu")).await.unwrap();
+        store.put_dynamic(&dynamic("b", "eu")).await.unwrap();
+        store.put_dynamic(&dynamic("c", "")).await.unwrap();
+        let all = store.dynamic_accounts().await.unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].namespaces, ["ns-a", "ns-b"]);
+        assert_eq!(all[0].sealed_kubeconfig, [1, 0, 255, 7]);
+
+        // Only accounts the agent's identity may serve are claimed.
+        let none = store
+            .claim_dynamic("agent-0", "eu", ttl, |n| n == "elsewhere")
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+        // The first agent of the zone takes both; the second gets none.
+        let first = store
+            .claim_dynamic("agent-1", "eu", ttl, |_| true)
+            .await
+            .unwrap();
+        let names: Vec<_> = first.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(first.iter().all(|r| r.agent_id == "agent-1"));
+        assert!(
+            store
+                .claim_dynamic("agent-2", "eu", ttl, |_| true)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // An empty zone takes only the accounts without one.
+        let no_zone = store
+            .claim_dynamic("agent-3", "", ttl, |_| true)
+            .await
+            .unwrap();
+        assert_eq!(no_zone.len(), 1);
+        assert_eq!(no_zone[0].name, "c");
+
+        // Renewing keeps them; an update keeps the agent in the same zone.
+        store.put_dynamic(&dynamic("a", "eu")).await.unwrap();
+        assert_eq!(
+            store
+                .claim_dynamic("agent-1", "eu", ttl, |_| true)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        // Moving to another zone frees it.
+        store.put_dynamic(&dynamic("b", "us")).await.unwrap();
+        let row = store.dynamic_account("b").await.unwrap().unwrap();
+        assert_eq!((row.zone.as_str(), row.agent_id.as_str()), ("us", ""));
+        // An agent silent for longer than the TTL loses them to another.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let taken = store
+            .claim_dynamic("agent-2", "eu", Duration::from_millis(10), |_| true)
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].agent_id, "agent-2");
+
+        assert!(!store.dynamic_deleted("a").await.unwrap());
+        assert!(store.delete_dynamic("a").await.unwrap());
+        assert!(!store.delete_dynamic("a").await.unwrap());
+        assert!(store.dynamic_account("a").await.unwrap().is_none());
+        assert!(store.dynamic_deleted("a").await.unwrap());
+        assert!(
+            store
+                .claim_dynamic("agent-2", "eu", ttl, |_| true)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(store.dynamic_accounts().await.unwrap().len(), 2);
+        // Created again: no longer deleted, free for the first agent.
+        store.put_dynamic(&dynamic("a", "eu")).await.unwrap();
+        assert!(!store.dynamic_deleted("a").await.unwrap());
+        let back = store
+            .claim_dynamic("agent-2", "eu", ttl, |_| true)
+            .await
+            .unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].name, "a");
     }
     engines.done().await;
 }

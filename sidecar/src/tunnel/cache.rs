@@ -15,6 +15,7 @@ use tonic::{Status, Streaming};
 
 use crate::accounts::Account;
 use crate::cache::Applied;
+use crate::handover::{Handover, Peer};
 use crate::store::{AccountState, Store};
 
 /// Longest time between receiving a message and acknowledging it.
@@ -75,16 +76,25 @@ pub fn apply(account: &Account, msg: cache_up::Msg) {
 }
 
 /// Serves one cache stream whose `open` (sequence `first_seq`) was checked:
-/// applies every message, acknowledges, and marks the account offline when
-/// the last stream ends.
+/// takes the account over from the sidecar that held it (`takeover`, see
+/// [`crate::handover`]) before telling the agent where to resume, applies
+/// every message, acknowledges, and marks the account offline when the last
+/// stream ends.
 pub async fn run(
     account: Arc<Account>,
     store: Store,
     first_seq: u64,
+    takeover: Option<(Arc<Handover>, Peer)>,
     mut inbound: Streaming<v1::CacheUp>,
     down: Down,
     shutdown: CancellationToken,
 ) {
+    // Before the numbering starts: a loaded snapshot continues the old
+    // owner's, so the agent's replay of what it holds is skipped and what
+    // follows is applied.
+    if let Some((handover, from)) = &takeover {
+        handover.take_over(&account, from).await;
+    }
     let (mut highest, _) = account.record_seq(first_seq);
     let mut acked = 0u64;
     let mut since_ack = 1u64;

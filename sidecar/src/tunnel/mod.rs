@@ -2,12 +2,14 @@
 //! TCP connections, terminates mTLS (a gateway client certificate is
 //! required) or, in insecure mode, plaintext HTTP/2, and serves the
 //! `spinlink.v1.Tunnel` service: `Cache` streams go to [`cache`], `Relay`
-//! streams to [`relay`]; `Hello` belongs to the gateway.
+//! streams to [`relay`], `Assignments` streams to [`assignments`]; `Hello`
+//! belongs to the gateway.
 //!
 //! Every stream names its account and agent in the `spinlink-verified-*`
 //! headers the gateway sets; the first message must be `open` for the same
 //! account.
 
+pub mod assignments;
 pub mod cache;
 mod io;
 pub mod relay;
@@ -27,6 +29,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::accounts::Accounts;
+use crate::handover::Handover;
 use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
 pub use io::{ConnectInfo, TunnelIo};
@@ -46,6 +49,8 @@ pub struct TunnelService {
     store: Store,
     shutdown: CancellationToken,
     ownership: Option<Arc<Ownership>>,
+    dynamic: Option<Arc<crate::dynamic::Dynamic>>,
+    handover: Option<Arc<Handover>>,
 }
 
 impl TunnelService {
@@ -56,7 +61,24 @@ impl TunnelService {
             store,
             shutdown,
             ownership: None,
+            dynamic: None,
+            handover: None,
         }
+    }
+
+    /// Takes accounts over warm from the sidecar that held them (needs
+    /// [`TunnelService::with_ownership`] to know which one).
+    #[must_use]
+    pub fn with_handover(mut self, handover: Arc<Handover>) -> Self {
+        self.handover = Some(handover);
+        self
+    }
+
+    /// Serves `Assignments` streams from these dynamic accounts.
+    #[must_use]
+    pub fn with_dynamic(mut self, dynamic: Arc<crate::dynamic::Dynamic>) -> Self {
+        self.dynamic = Some(dynamic);
+        self
     }
 
     /// Claims an account's lease before taking its cache stream.
@@ -125,6 +147,48 @@ impl Tunnel for TunnelService {
         Err(Status::unimplemented("Hello is answered by the gateway"))
     }
 
+    type AssignmentsStream = ReceiverStream<Result<v1::AssignmentsDown, Status>>;
+
+    async fn assignments(
+        &self,
+        request: Request<Streaming<v1::AssignmentsUp>>,
+    ) -> Result<Response<Self::AssignmentsStream>, Status> {
+        let Some(dynamic) = self.dynamic.clone() else {
+            return Err(Status::unimplemented(
+                "this sidecar serves no dynamic accounts",
+            ));
+        };
+        let agent_id = header(request.metadata(), headers::VERIFIED_AGENT)?;
+        let identity = header(request.metadata(), headers::VERIFIED_IDENTITY)?;
+        let allowed = assignments::allowed_accounts(&header(
+            request.metadata(),
+            headers::VERIFIED_ACCOUNTS,
+        )?)?;
+        let mut inbound = request.into_inner();
+        let open = match first(&mut inbound).await?.msg {
+            Some(v1::assignments_up::Msg::Open(open)) => open,
+            _ => return Err(Status::invalid_argument("the first message must be open")),
+        };
+        if open.agent_id != agent_id {
+            return Err(Status::invalid_argument(format!(
+                "open names agent {:?} but the stream is verified for {agent_id:?}",
+                open.agent_id
+            )));
+        }
+        tracing::info!(agent = %agent_id, %identity, zone = %open.zone, "assignments stream open");
+        let (tx, rx) = mpsc::channel(assignments::DEFAULT_DOWN_CAPACITY);
+        tokio::spawn(assignments::run(
+            dynamic,
+            agent_id,
+            open.zone,
+            allowed,
+            inbound,
+            tx,
+            self.shutdown.child_token(),
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type CacheStream = ReceiverStream<Result<v1::CacheDown, Status>>;
 
     async fn cache(
@@ -160,9 +224,17 @@ impl Tunnel for TunnelService {
                 tracing::warn!(account = %name, error = %e, "cluster fingerprint not checked");
             }
         }
+        let mut takeover = None;
         if let Some(ownership) = &self.ownership {
+            // Whom the account comes from: claiming replaces the record.
+            let previous = match &self.handover {
+                Some(_) => ownership.previous_owner(&name).await,
+                None => None,
+            };
             match ownership.claim(&name).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    takeover = self.handover.clone().zip(previous);
+                }
                 // The agent retries with backoff; the holder's lease ends
                 // within one lease period unless its agent is still there.
                 Err(e @ ClaimError::HeldBy { .. }) => {
@@ -194,6 +266,7 @@ impl Tunnel for TunnelService {
             account,
             self.store.clone(),
             open.seq,
+            takeover,
             inbound,
             tx,
             stop,

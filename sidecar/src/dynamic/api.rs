@@ -1,0 +1,169 @@
+//! The dynamic accounts part of the accounts API (documented with it in
+//! `docs/api/sidecar.openapi.yaml`): `POST /v1/accounts`,
+//! `DELETE /v1/accounts/{name}`, `POST /v1/accounts/{name}/migrate` and
+//! `GET /v1/dynamic-accounts`. Errors become `metav1.Status` answers here
+//! and nowhere else.
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use spinlink_kube_api::Status;
+
+use super::{CreateRequest, Dynamic, Error, MigrateRequest};
+use crate::accounts::api::PREFIX;
+use crate::facade::body::{Body, full, status as status_response};
+
+/// The path of the dynamic accounts list.
+pub const LIST: &str = "/v1/dynamic-accounts";
+/// Largest request body: a kubeconfig with a few certificates.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// What a request asks for.
+enum Route {
+    Create,
+    Delete(String),
+    Migrate(String),
+    List,
+}
+
+fn route(method: &Method, path: &str) -> Option<Route> {
+    if path == LIST || path == format!("{LIST}/") {
+        return (method == Method::GET).then_some(Route::List);
+    }
+    let rest = path.strip_prefix(PREFIX)?;
+    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    match (method, segs.as_slice()) {
+        (&Method::POST, []) => Some(Route::Create),
+        (&Method::DELETE, [name]) => Some(Route::Delete(decode(name))),
+        (&Method::POST, [name, "migrate"]) => Some(Route::Migrate(decode(name))),
+        _ => None,
+    }
+}
+
+/// Whether this API answers `method` on `path`.
+pub fn serves(method: &Method, path: &str) -> bool {
+    route(method, path).is_some()
+}
+
+fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = Response::new(full(Bytes::from(body)));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The one place a dynamic account error becomes an answer.
+fn error(e: &Error) -> Response<Body> {
+    let message = e.to_string();
+    let status = match e {
+        Error::NoKey => Status::new(503, "ServiceUnavailable", message),
+        Error::Invalid(_) => Status::bad_request(message),
+        Error::Conflict { .. } => Status::new(409, "Conflict", message),
+        Error::NotFound(_) | Error::NotInClouddriver(_) => Status::not_found_message(message),
+        Error::Clouddriver(_) => Status::new(502, "BadGateway", message),
+        Error::Crypto(_) => Status::new(500, "InternalError", message),
+        Error::Store(_) => Status::new(503, "ServiceUnavailable", message),
+    };
+    status_response(&status)
+}
+
+/// Reads a JSON body of at most [`MAX_BODY`] bytes; an empty body is
+/// `default` when one is given.
+async fn body<B, T>(body: B, default: Option<T>) -> Result<T, Response<Body>>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display + Send,
+    T: serde::de::DeserializeOwned,
+{
+    let mut body = body;
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(status_response(&Status::bad_request(
+                "the request body was cut",
+            )));
+        };
+        if let Some(data) = frame.data_ref() {
+            if bytes.len() + data.len() > MAX_BODY {
+                return Err(status_response(&Status::new(
+                    413,
+                    "RequestEntityTooLarge",
+                    format!("the body must be JSON of at most {MAX_BODY} bytes"),
+                )));
+            }
+            bytes.extend_from_slice(data);
+        }
+    }
+    if bytes.is_empty()
+        && let Some(default) = default
+    {
+        return Ok(default);
+    }
+    // serde's messages for wrong types quote the value, which may be a
+    // credential: only unknown and missing fields are named.
+    serde_json::from_slice(&bytes).map_err(|e| {
+        let message = e.to_string();
+        let what = if message.starts_with("unknown field") || message.starts_with("missing field") {
+            message
+        } else {
+            format!(
+                "not the expected JSON object (line {}, column {})",
+                e.line(),
+                e.column()
+            )
+        };
+        status_response(&Status::bad_request(format!("request body: {what}")))
+    })
+}
+
+/// Answers a request [`serves`] accepts.
+pub async fn handle<B>(dynamic: &Dynamic, req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display + Send,
+{
+    let Some(route) = route(req.method(), req.uri().path()) else {
+        return status_response(&Status::not_found_message("no such dynamic accounts route"));
+    };
+    let result = match route {
+        Route::List => dynamic.list().await.map(|all| json(StatusCode::OK, &all)),
+        Route::Delete(name) => dynamic
+            .delete(&name)
+            .await
+            .map(|v| json(StatusCode::OK, &v)),
+        Route::Create => {
+            let request: CreateRequest = match body(req.into_body(), None).await {
+                Ok(r) => r,
+                Err(resp) => return resp,
+            };
+            dynamic
+                .create(request)
+                .await
+                .map(|v| json(StatusCode::CREATED, &v))
+        }
+        Route::Migrate(name) => {
+            let request: MigrateRequest =
+                match body(req.into_body(), Some(MigrateRequest::default())).await {
+                    Ok(r) => r,
+                    Err(resp) => return resp,
+                };
+            dynamic
+                .migrate(&name, request)
+                .await
+                .map(|v| json(StatusCode::CREATED, &v))
+        }
+    };
+    result.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "dynamic accounts request refused");
+        error(&e)
+    })
+}

@@ -1,0 +1,382 @@
+//! Warm handover: when an account moves to another sidecar on a planned
+//! move (a drain: rolling restart, scale-in), the new owner loads the old
+//! owner's cache instead of having the agent list every kind again.
+//!
+//! - Every sidecar serves the caches of the accounts it no longer serves to
+//!   its peers, on a listener of its own (`ownership.handoverListen`, its URL
+//!   recorded in the store beside the facade's): `GET
+//!   /internal/accounts/{name}/snapshot` answers a [`snapshot`] stream
+//!   ([`Handover::respond`]). An account still online here is refused (409):
+//!   its cache is still moving, and it has not moved.
+//! - A sidecar that takes an account over from another instance (the lease
+//!   it replaced named one) with nothing cached for it fetches that snapshot
+//!   within `ownership.handoverTimeoutMillis`, loads it, continues the
+//!   account's message numbering from it, and only then sends `ResumeFrom`
+//!   ([`Handover::take_over`]); an account still online at the old owner
+//!   (the agent came over before the old owner saw its streams end) is
+//!   asked for again until then. Anything that fails leaves the cache as it
+//!   was, so `ResumeFrom` is empty and the agent lists, as without a
+//!   handover.
+//! - The listener outlives the facade's during a drain: after the leases
+//!   are released the sidecar keeps serving until every account that was
+//!   online was fetched, or `ownership.handoverDrainSeconds`
+//!   ([`Handover::wait_fetched`]).
+//!
+//! Outcomes are counted in `spinlink_sidecar_handovers_total{outcome,reason}`.
+//! Like forwarding between facades, the endpoint trusts the network it is
+//! reachable on: bind it where only peers reach it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use spinlink_kube_api::Status;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::accounts::{Account, Accounts, Presence};
+use crate::cache::snapshot::{self, Loaded, Reader};
+use crate::facade::body::{self, Body, BoxError};
+use crate::metrics::Metrics;
+
+/// Default `ownership.handoverTimeoutMillis`: below the agents' default
+/// wait for `ResumeFrom` (5 s), so a slow fetch still ends in a list, not
+/// in an agent that stopped waiting.
+pub const DEFAULT_TIMEOUT_MILLIS: u64 = 3_000;
+/// Default `ownership.handoverDrainSeconds`.
+pub const DEFAULT_DRAIN_SECONDS: u64 = 5;
+/// Default `ownership.handoverMaxBytes`.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+/// The path prefix of snapshots.
+pub const PATH_PREFIX: &str = "/internal/accounts/";
+/// The path suffix of snapshots.
+pub const PATH_SUFFIX: &str = "/snapshot";
+/// How long a new owner waits before asking again for the snapshot of an
+/// account still online at the old owner.
+pub const CONFLICT_RETRY: Duration = Duration::from_millis(100);
+/// How long open peer connections may finish after the listener stops.
+pub const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// The sidecar an account was taken from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Its instance id.
+    pub instance: String,
+    /// Where it serves snapshots, if it registered that.
+    pub url: Option<String>,
+}
+
+/// Why a handover was cold (the agent lists every kind).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cold {
+    /// The old owner recorded no snapshot address (an older sidecar).
+    NoAddress,
+    /// It could not be reached, or the stream broke.
+    Unreachable,
+    /// It answered with something other than a snapshot (404: it holds
+    /// nothing, 409: the account is still online there).
+    Refused(StatusCode),
+    /// The snapshot did not arrive in time.
+    Timeout,
+    /// The snapshot could not be read.
+    Invalid,
+    /// The snapshot held no kind this sidecar could use.
+    Empty,
+}
+
+impl Cold {
+    /// The metric's `reason` label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoAddress => "no_address",
+            Self::Unreachable => "unreachable",
+            Self::Refused(_) => "refused",
+            Self::Timeout => "timeout",
+            Self::Invalid => "invalid",
+            Self::Empty => "empty",
+        }
+    }
+}
+
+/// What a handover did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The snapshot was loaded: these many kinds and objects.
+    Warm {
+        /// Kinds loaded.
+        kinds: usize,
+        /// Objects loaded.
+        objects: usize,
+    },
+    /// Nothing was loaded.
+    Cold(Cold),
+}
+
+/// Handover settings (`ownership.handover*`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a fetch and load may take.
+    pub timeout: Duration,
+    /// The largest snapshot accepted.
+    pub max_bytes: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MILLIS),
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// Both sides of the handover for one sidecar.
+#[derive(Debug)]
+pub struct Handover {
+    accounts: Accounts,
+    settings: Settings,
+    metrics: Metrics,
+    client: Client<HttpConnector, Empty<Bytes>>,
+    /// Accounts whose snapshot a peer read to the end.
+    fetched: Mutex<HashSet<String>>,
+    fetched_changed: watch::Sender<u64>,
+}
+
+impl Handover {
+    /// The handover of the accounts in `accounts`.
+    pub fn new(accounts: Accounts, settings: Settings, metrics: Metrics) -> Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.timeout));
+        Arc::new(Self {
+            accounts,
+            settings,
+            metrics,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            fetched: Mutex::default(),
+            fetched_changed: watch::Sender::new(0),
+        })
+    }
+
+    /// Loads `account`'s cache from `from`, the sidecar whose lease this one
+    /// just replaced, if this sidecar holds nothing synced for it; counts
+    /// the outcome. `None` when there was nothing to hand over (a new
+    /// account, or one this sidecar still holds).
+    pub async fn take_over(&self, account: &Account, from: &Peer) -> Option<Outcome> {
+        // Held here already (it came back within its grace period), or
+        // numbered by a stream here: resuming from what is held is right.
+        if account.read_cache().counts().0 > 0 || account.highest_seq().is_some() {
+            return None;
+        }
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.settings.timeout;
+        let fetched = loop {
+            match tokio::time::timeout_at(deadline, self.fetch(account, from)).await {
+                Err(_) => break Err(Cold::Timeout),
+                // The old owner has not seen its streams end yet (the
+                // agent was quicker): ask again while there is time.
+                Ok(Err(Cold::Refused(StatusCode::CONFLICT)))
+                    if tokio::time::Instant::now() + CONFLICT_RETRY < deadline =>
+                {
+                    tokio::time::sleep(CONFLICT_RETRY).await;
+                }
+                Ok(result) => break result,
+            }
+        };
+        let outcome = match fetched {
+            Err(cold) => Outcome::Cold(cold),
+            Ok(loaded) => {
+                let seq = loaded.seq;
+                let objects = loaded.objects();
+                let kinds = account.write_cache().load(loaded);
+                if kinds == 0 {
+                    Outcome::Cold(Cold::Empty)
+                } else {
+                    account.continue_seq(seq);
+                    Outcome::Warm { kinds, objects }
+                }
+            }
+        };
+        let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match &outcome {
+            Outcome::Warm { kinds, objects } => {
+                tracing::info!(account = account.name(), from = %from.instance, kinds, objects, millis,
+                    "warm handover: cache loaded from the previous owner");
+                self.metrics.handover("warm", "");
+            }
+            Outcome::Cold(cold) => {
+                tracing::info!(account = account.name(), from = %from.instance, reason = cold.reason(), millis,
+                    "cold handover: the agent lists again");
+                self.metrics.handover("cold", cold.reason());
+            }
+        }
+        Some(outcome)
+    }
+
+    async fn fetch(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+        let base = from.url.as_deref().ok_or(Cold::NoAddress)?;
+        let uri: Uri = format!(
+            "{}{PATH_PREFIX}{}{PATH_SUFFIX}",
+            base.trim_end_matches('/'),
+            utf8_percent_encode(account.name(), NON_ALPHANUMERIC)
+        )
+        .parse()
+        .map_err(|_| Cold::NoAddress)?;
+        let req = Request::get(uri)
+            .body(Empty::new())
+            .map_err(|_| Cold::NoAddress)?;
+        let resp = self.client.request(req).await.map_err(|e| {
+            tracing::debug!(account = account.name(), error = %e, "snapshot fetch failed");
+            Cold::Unreachable
+        })?;
+        if resp.status() != StatusCode::OK {
+            return Err(Cold::Refused(resp.status()));
+        }
+        let mut reader = Reader::new(self.settings.max_bytes);
+        let mut body = resp.into_body();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| Cold::Unreachable)?;
+            if let Some(data) = frame.data_ref() {
+                reader.push(data).map_err(|e| {
+                    tracing::warn!(account = account.name(), error = %e, "snapshot refused");
+                    Cold::Invalid
+                })?;
+            }
+        }
+        reader.finish().map_err(|e| {
+            tracing::warn!(account = account.name(), error = %e, "snapshot refused");
+            match e {
+                snapshot::Error::Truncated(_) => Cold::Unreachable,
+                _ => Cold::Invalid,
+            }
+        })
+    }
+
+    /// Answers one peer request.
+    pub fn respond(self: &Arc<Self>, method: &Method, path: &str) -> Response<Body> {
+        let Some(name) = path
+            .strip_prefix(PATH_PREFIX)
+            .and_then(|p| p.strip_suffix(PATH_SUFFIX))
+            .filter(|p| !p.is_empty() && !p.contains('/'))
+            .and_then(|p| percent_decode_str(p).decode_utf8().ok())
+        else {
+            return body::status(&Status::not_found_message(format!(
+                "{path} is not a snapshot path; use {PATH_PREFIX}<name>{PATH_SUFFIX}"
+            )));
+        };
+        if method != Method::GET {
+            return body::status(&Status::method_not_allowed());
+        }
+        let name = name.into_owned();
+        let Some(account) = self
+            .accounts
+            .get(&name)
+            .filter(|a| a.presence() != Presence::Removed)
+        else {
+            return body::status(&Status::not_found_message(format!(
+                "account \"{name}\" is not cached here"
+            )));
+        };
+        let still_online = || {
+            body::status(&Status::new(
+                409,
+                "Conflict",
+                format!("account \"{name}\" is still online here; it has not moved"),
+            ))
+        };
+        // The cache of an online account is still changing, and a snapshot
+        // must hold every message its sequence number claims: only an
+        // account whose streams ended here is handed over.
+        if account.presence() == Presence::Online {
+            return still_online();
+        }
+        let seq = account.highest_seq().unwrap_or(0);
+        let view = account.read_cache().snapshot(seq);
+        if account.presence() == Presence::Online || account.highest_seq().unwrap_or(0) != seq {
+            return still_online();
+        }
+        if view.kinds() == 0 {
+            return body::status(&Status::not_found_message(format!(
+                "account \"{name}\" has no complete kind cached here"
+            )));
+        }
+        tracing::info!(account = %name, kinds = view.kinds(), objects = view.objects(),
+            "serving the account's cache snapshot to a peer");
+        let done = self.clone();
+        let chunks = view
+            .chunks(snapshot::DEFAULT_CHUNK_BYTES)
+            .map(|c| Ok::<_, BoxError>(Frame::data(c)))
+            // Runs once the last chunk was taken: the peer has it all.
+            .chain(std::iter::from_fn(move || {
+                done.mark_fetched(&name);
+                None
+            }));
+        let mut resp = Response::new(StreamBody::new(futures::stream::iter(chunks)).boxed());
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/x-ndjson"),
+        );
+        resp
+    }
+
+    fn mark_fetched(&self, name: &str) {
+        self.fetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned());
+        self.fetched_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Whether a peer has read `name`'s snapshot to the end.
+    pub fn was_fetched(&self, name: &str) -> bool {
+        self.fetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name)
+    }
+
+    /// Waits until every account in `names` was fetched by a peer, or
+    /// `within`; returns whether they all were.
+    pub async fn wait_fetched(&self, names: &[String], within: Duration) -> bool {
+        let mut changed = self.fetched_changed.subscribe();
+        let all = async {
+            loop {
+                if names.iter().all(|n| self.was_fetched(n)) {
+                    return;
+                }
+                if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(within, all).await.is_ok()
+    }
+}
+
+/// Serves snapshots to peers on `listener` until `shutdown`, then lets open
+/// connections finish for [`DEFAULT_CLOSE_GRACE`].
+pub async fn serve(listener: TcpListener, handover: Arc<Handover>, shutdown: CancellationToken) {
+    crate::facade::serve_http(
+        listener,
+        "handover",
+        move |req: Request<Incoming>| {
+            let resp = handover.respond(req.method(), req.uri().path());
+            async move { resp }
+        },
+        shutdown,
+        DEFAULT_CLOSE_GRACE,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+use serde_json::json;
+use spinlink_proto::v1::{self, watch_event::Type as EventType};
+
+use super::*;
+
+fn pods() -> v1::Kind {
+    v1::Kind {
+        group: String::new(),
+        version: "v1".into(),
+        resource: "pods".into(),
+        kind: "Pod".into(),
+        namespaced: true,
+    }
+}
+
+fn pod(name: &str, rv: &str) -> v1::WatchEvent {
+    let object = json!({"metadata": {"name": name, "namespace": "a", "resourceVersion": rv}});
+    v1::WatchEvent {
+        r#type: EventType::Added as i32,
+        kind: Some(pods()),
+        resource_version: rv.into(),
+        object: serde_json::to_vec(&object).unwrap(),
+    }
+}
+
+/// An old owner holding account `prod` (pods p1, p2 at 7; messages up to
+/// 42 applied), serving snapshots on loopback.
+async fn old_owner() -> (Accounts, Arc<Handover>, String, CancellationToken) {
+    let accounts = Accounts::new();
+    let prod = accounts.get_or_create("prod");
+    prod.cache_opened("agent");
+    prod.record_seq(42);
+    {
+        let mut c = prod.write_cache();
+        c.sync_start(&pods());
+        c.apply(&pod("p1", "5")).unwrap();
+        c.apply(&pod("p2", "6")).unwrap();
+        c.sync_end(&pods(), "7");
+    }
+    let handover = Handover::new(accounts.clone(), Settings::default(), Metrics::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, handover.clone(), stop.clone()));
+    (accounts, handover, url, stop)
+}
+
+fn names(account: &Account) -> Vec<String> {
+    account
+        .read_cache()
+        .kind("", "v1", "pods")
+        .map(|k| k.objects.keys().map(|(_, n)| n.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
+    let (old, served, url, stop) = old_owner().await;
+    let metrics = Metrics::default();
+    let new = Accounts::new();
+    let settings = Settings {
+        timeout: Duration::from_millis(500),
+        ..Settings::default()
+    };
+    let handover = Handover::new(new.clone(), settings, metrics.clone());
+    let from = Peer {
+        instance: "s1".into(),
+        url: Some(url),
+    };
+    let prod = new.get_or_create("prod");
+
+    // Still online at the old owner for longer than the timeout: its cache
+    // is still moving, nothing is loaded.
+    assert_eq!(
+        handover.take_over(&prod, &from).await,
+        Some(Outcome::Cold(Cold::Refused(StatusCode::CONFLICT)))
+    );
+    assert!(names(&prod).is_empty());
+    assert_eq!(prod.highest_seq(), None);
+
+    // Its stream ends (a drain) while the new owner asks: handed over.
+    assert!(!served.was_fetched("prod"));
+    let closing = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        old.get("prod").unwrap().cache_closed();
+    });
+    assert_eq!(
+        handover.take_over(&prod, &from).await,
+        Some(Outcome::Warm {
+            kinds: 1,
+            objects: 2
+        })
+    );
+    closing.await.unwrap();
+    assert_eq!(names(&prod), ["p1", "p2"]);
+    let kind = prod.read_cache().kind("", "v1", "pods").unwrap().clone();
+    assert!(kind.synced);
+    assert_eq!(kind.resource_version, "7");
+    // The numbering continues from the old owner's: the agent's replay of
+    // messages up to 42 is skipped, 43 follows without a gap.
+    assert_eq!(prod.highest_seq(), Some(42));
+    assert_eq!(prod.record_seq(40), (42, false));
+    assert_eq!(prod.record_seq(43), (43, false));
+    assert!(
+        served
+            .wait_fetched(&["prod".to_owned()], Duration::from_secs(5))
+            .await
+    );
+    // Held now: nothing more to take over.
+    assert_eq!(handover.take_over(&prod, &from).await, None);
+
+    let text = metrics.render(&new);
+    for line in [
+        "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"\"} 1",
+        "spinlink_sidecar_handovers_total{outcome=\"cold\",reason=\"refused\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn anything_that_fails_leaves_the_cache_empty_for_a_full_list() {
+    let (_old, _served, url, stop) = old_owner().await;
+    let new = Accounts::new();
+    let handover = Handover::new(new.clone(), Settings::default(), Metrics::default());
+    let cases = [
+        (None, Cold::NoAddress),
+        // Nobody listens there any more.
+        (Some("http://127.0.0.1:1".to_owned()), Cold::Unreachable),
+        // An account it does not hold.
+        (Some(url.clone()), Cold::Refused(StatusCode::NOT_FOUND)),
+    ];
+    for (i, (url, want)) in cases.into_iter().enumerate() {
+        let name = if i == 2 { "other" } else { "prod" };
+        let account = new.get_or_create(name);
+        let from = Peer {
+            instance: "s1".into(),
+            url,
+        };
+        assert_eq!(
+            handover.take_over(&account, &from).await,
+            Some(Outcome::Cold(want))
+        );
+        assert!(names(&account).is_empty());
+        assert_eq!(account.highest_seq(), None);
+    }
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_peer_that_does_not_answer_in_time_is_cold() {
+    // Accepts connections, never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let new = Accounts::new();
+    let settings = Settings {
+        timeout: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let handover = Handover::new(new.clone(), settings, Metrics::default());
+    let from = Peer {
+        instance: "s1".into(),
+        url: Some(url),
+    };
+    assert_eq!(
+        handover.take_over(&new.get_or_create("prod"), &from).await,
+        Some(Outcome::Cold(Cold::Timeout))
+    );
+    drop(listener);
+}
+
+#[test]
+fn only_snapshot_paths_of_known_accounts_are_answered() {
+    let accounts = Accounts::new();
+    let handover = Handover::new(accounts.clone(), Settings::default(), Metrics::default());
+    let status = |m: Method, p: &str| handover.respond(&m, p).status();
+    assert_eq!(
+        status(Method::GET, "/internal/accounts/prod/snapshot"),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(status(Method::GET, "/v1/accounts"), StatusCode::NOT_FOUND);
+    assert_eq!(
+        status(Method::GET, "/internal/accounts/a/b/snapshot"),
+        StatusCode::NOT_FOUND
+    );
+    let prod = accounts.get_or_create("prod");
+    // Known but nothing complete cached.
+    assert_eq!(
+        status(Method::GET, "/internal/accounts/prod/snapshot"),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        status(Method::POST, "/internal/accounts/prod/snapshot"),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    prod.cache_opened("agent");
+    assert_eq!(
+        status(Method::GET, "/internal/accounts/prod/snapshot"),
+        StatusCode::CONFLICT
+    );
+}
