@@ -250,6 +250,19 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
         online_at(sidecars[survivor].2)
     });
     let moved = killed.elapsed();
+    // A crash is no planned move: the dead owner cannot hand its cache
+    // over, so the survivor has the agent list everything again.
+    let (_, metrics) = http(sidecars[survivor].2, "GET", "/metrics", &[]);
+    assert_eq!(
+        counter_sum(
+            &metrics,
+            "spinlink_sidecar_handovers_total",
+            "outcome=\"cold\""
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert!(metrics.contains("reason=\"unreachable\""), "{metrics}");
     via.ok_with_input(
         &["apply", "-f", "-"],
         Some(&support::deployment("demo", "after")),
@@ -270,4 +283,156 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
     ]);
     assert_eq!(image, "nginx:1.27");
     eprintln!("the survivor served prod {moved:?} after its owner was killed");
+}
+
+/// The sum of a Prometheus counter's series whose labels contain `with`.
+fn counter_sum(metrics: &str, name: &str, with: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `namespace/name@resourceVersion` of every object of `kind`, sorted.
+fn versions(kubectl: &Kubectl, kind: &str) -> Vec<String> {
+    let out = kubectl.ok(&[
+        "get",
+        kind,
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}@{.metadata.resourceVersion}{\"\\n\"}{end}",
+    ]);
+    let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+fn config_map(name: &str, value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: default\ndata:\n  k: \"{value}\"\n"
+    )
+}
+
+/// A planned move: two sidecars sharing one store, the owner of the account
+/// drained (SIGTERM). The survivor loads the owner's cache snapshot and the
+/// agent resumes its watches from it: no kind is listed again, and the
+/// survivor's cache ends equal to the cluster, changes made during the move
+/// included.
+#[test]
+fn a_drained_sidecar_hands_its_cache_over_without_a_relist() {
+    use support::scale::{Sidecar, agent_yaml, gateway_yaml, ready_at, start_agent, start_gateway};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
+    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
+    let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
+    direct.ok_with_input(&["apply", "-f", "-"], Some(&config_map("before", "1")));
+
+    let store = format!("sqlite://{}", dir.join("shared.db").display());
+    let mut sidecars = [
+        Sidecar::start(dir, "s1", &store, 2),
+        Sidecar::start(dir, "s2", &store, 2),
+    ];
+    let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
+    let tunnels = [sidecars[0].tunnel, sidecars[1].tunnel];
+    let (_gateway, gateway_addr) =
+        start_gateway(dir, "gw", &gateway_yaml("gw", &pki, &policy, &tunnels));
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let agent = format!(
+        "{}admin:\n  listen: {admin}\n",
+        agent_yaml(
+            "agent-1",
+            &pki,
+            gateway_addr.port(),
+            &[("prod", &sim_kubeconfig)]
+        )
+    );
+    let _agent = start_agent(dir, "agent", &agent);
+    let owner = wait_for("account prod ready on a sidecar", || {
+        (0..2).find(|&i| ready_at(sidecars[i].facade, "prod"))
+    });
+    let survivor = 1 - owner;
+    // The sidecar counts the kinds whose listing began; the agent starts
+    // them as its budget allows. Every one must have been listed once.
+    wait_for("every kind the agent watches synced at the owner", || {
+        let status = support::scale::account(sidecars[owner].facade, "prod")?;
+        let (_, watches) = http(admin, "GET", "/watches", &[]);
+        let watches: serde_json::Value = serde_json::from_str(&watches).ok()?;
+        let rows = watches["watches"].as_array()?;
+        (!rows.is_empty()
+            && rows.iter().all(|r| r["phase"] == "watching")
+            && status["kindsSynced"] == status["kindsTotal"]
+            && status["kindsTotal"].as_u64() == Some(rows.len() as u64))
+        .then_some(())
+    });
+    let listings = || {
+        let (status, text) = http(admin, "GET", "/metrics", &[]);
+        assert_eq!(status, 200);
+        counter_sum(&text, "spinlink_agent_relists_total", "account=\"prod\"")
+    };
+    let listed = listings();
+    assert!(listed > 0.0, "the first listing is counted");
+
+    // Changes just before the drain (in the old owner's cache, or in the
+    // agent's unacknowledged window) and during the move.
+    direct.ok_with_input(&["apply", "-f", "-"], Some(&config_map("before", "2")));
+    direct.ok_with_input(&["apply", "-f", "-"], Some(&config_map("draining", "1")));
+    let draining = Instant::now();
+    sidecars[owner].terminate();
+    let drained = draining.elapsed();
+    direct.ok_with_input(&["apply", "-f", "-"], Some(&config_map("moving", "1")));
+    direct.ok(&["delete", "configmap", "draining", "-n", "default"]);
+    let facade = sidecars[survivor].facade;
+    wait_for("the survivor to own and serve prod", || {
+        ready_at(facade, "prod").then_some(())
+    });
+    eprintln!(
+        "the owner drained in {drained:?}; the survivor served prod {:?} after the drain began",
+        draining.elapsed()
+    );
+
+    let (_, metrics) = http(facade, "GET", "/metrics", &[]);
+    assert_eq!(
+        counter_sum(
+            &metrics,
+            "spinlink_sidecar_handovers_total",
+            "outcome=\"warm\""
+        ),
+        1.0,
+        "{metrics}"
+    );
+    let kubeconfig = dir.join("survivor.kubeconfig");
+    write_kubeconfig(&kubeconfig, &format!("http://{facade}/accounts/prod"));
+    let via = Kubectl::new(dir, "survivor", &kubeconfig);
+    for kind in ["configmaps", "namespaces", "serviceaccounts"] {
+        wait_for(
+            &format!("the survivor's {kind} to equal the cluster's"),
+            || (versions(&via, kind) == versions(&direct, kind)).then_some(()),
+        );
+    }
+    let names = versions(&via, "configmaps").join(" ");
+    assert!(
+        names.contains("default/moving@") && !names.contains("default/draining@"),
+        "{names}"
+    );
+    let (_, metrics) = http(facade, "GET", "/metrics", &[]);
+    assert!(
+        counter_sum(
+            &metrics,
+            "spinlink_sidecar_facade_requests_total",
+            "verb=\"list\",source=\"cache\""
+        ) >= 3.0,
+        "the lists were answered from the survivor's cache\n{metrics}"
+    );
+    // The agent resumed every kind from the snapshot's resourceVersions.
+    assert_eq!(listings(), listed, "no kind was listed again");
+    let (_, watches) = http(admin, "GET", "/watches", &[]);
+    let watches: serde_json::Value = serde_json::from_str(&watches).unwrap();
+    let rows = watches["watches"].as_array().expect("a list of watches");
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert_eq!(row["relists"], 0, "{row}");
+    }
 }

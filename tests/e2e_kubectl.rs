@@ -453,7 +453,9 @@ fn run_matrix(version: &str) {
         }
     }
 
-    // The reads above were answered from the sidecar's cache, not relayed.
+    // The reads above were answered from the sidecar's cache, not relayed;
+    // so was the OpenAPI every kubectl after the first fetched (apply,
+    // create), from the sidecar's memory.
     let kubeconfig = std::fs::read_to_string(&chain.facade_kubeconfig).unwrap();
     let server = kubeconfig
         .split_whitespace()
@@ -469,7 +471,10 @@ fn run_matrix(version: &str) {
                 && l.contains("source=\"cache\"")
         })
     };
-    assert!(cached("list") && cached("get"), "{metrics}");
+    assert!(
+        cached("list") && cached("get") && cached("openapi"),
+        "{metrics}"
+    );
 }
 
 #[test]

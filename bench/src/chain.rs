@@ -92,6 +92,21 @@ impl Proc {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Waits at most `wait` for the process to exit (e.g. after a SIGTERM);
+    /// its status, or `None` if it still runs.
+    pub fn wait_exit(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Proc {

@@ -417,7 +417,7 @@ fn version(bin: &std::path::Path, args: &[&str]) -> String {
 
 /// Lifts the soft open-files limit to the hard one (2,000 connections hold
 /// 2,000 descriptors here and as many in the proxy; children inherit it).
-fn raise_nofile() {
+pub fn raise_nofile() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut l = getrlimit(Resource::Nofile);
     l.current = l.maximum;

@@ -9,12 +9,16 @@
 //! [`cache_memory`], [`spread`] (the gateway's account spread over sidecars),
 //! [`grpc_proxy`] (issue 4: the gateway against nginx, HAProxy and Envoy),
 //! and the agent's (issue 3, the agent in a process of its own:
-//! [`agent_chain`]): [`agent_memory`] and [`agent_sync`].
+//! [`agent_chain`]): [`agent_memory`] and [`agent_sync`]; and issues 4 and 6's
+//! reconnect storm of 1,000 simulated agents, [`agent_storm`], behind an
+//! in-process [`balancer`].
 
 pub mod agent_chain;
 pub mod agent_memory;
+pub mod agent_storm;
 pub mod agent_sync;
 pub mod alloc;
+pub mod balancer;
 pub mod cache_memory;
 pub mod chain;
 pub mod facade_list;

@@ -120,6 +120,10 @@ enum Bench {
         #[arg(long, default_value = "")]
         agent_extra: String,
     },
+    /// Issues 4 and 6: 1,000 simulated agents through a balancer to 2
+    /// gateways and 3 sidecars; gateway RSS per agent connection and the
+    /// reconnect storm after a gateway restart.
+    AgentStorm(spinlink_bench::agent_storm::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -247,6 +251,11 @@ fn main() -> anyhow::Result<()> {
                     dir: dir.clone(),
                 };
                 spinlink_bench::agent_sync::run(&opts, &mut r)?;
+                r
+            }
+            Bench::AgentStorm(args) => {
+                let mut r = Report::new("Agent reconnect storm (issues 4 and 6)", &command);
+                spinlink_bench::agent_storm::command(args, spinlink, dir.clone(), &mut r)?;
                 r
             }
         })

@@ -80,3 +80,42 @@ fn grpc_proxy_runs_tiny() {
     assert!(out.contains("| gateway | "), "{out}");
     assert!(out.contains("memory gateway: RSS"), "{out}");
 }
+
+#[test]
+fn agent_storm_runs_tiny() {
+    // 20 simulated agents: every one online, a gateway SIGKILLed and
+    // restarted and then drained, and every agent it carried back each time
+    // (the bench fails otherwise).
+    let out = bench(&[
+        "agent-storm",
+        "--agents",
+        "20",
+        "--identities",
+        "2",
+        "--runs",
+        "1",
+        "--ramp",
+        "0.5",
+        "--settle",
+        "0",
+        // Accounts that land on another sidecar wait out the old owner's
+        // lease: a short one keeps the test short.
+        "--lease-seconds",
+        "3",
+    ]);
+    assert!(
+        out.contains("Medians of 1 run(s): all 20 online in"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| 1 | "))
+        .unwrap_or_else(|| panic!("no row for run 1:\n{out}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    // | run | online | failed | RSS | cut | back | agents' view | failed | refusals | moved | ...
+    let cut: usize = cells[5].parse().unwrap();
+    let moved: usize = cells[10].parse().unwrap();
+    assert!(cut > 0 && cut <= 20, "{row}");
+    assert!(moved > 0 && moved <= 20, "{row}");
+    assert!(out.contains("- machine: "), "{out}");
+}

@@ -338,13 +338,41 @@ pub fn try_http(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Option<(u16, String)> {
+    try_http_with_body(addr, method, path, headers, "")
+}
+
+/// `method path` with a JSON `body`; returns status and body.
+pub fn send_json(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    try_http_with_body(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .unwrap_or_else(|| panic!("no answer from {addr}"))
+}
+
+/// Like [`try_http`], with `body` sent (and its `Content-Length`) when not
+/// empty.
+pub fn try_http_with_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     stream.set_read_timeout(Some(WAIT)).unwrap();
     let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
+    if !body.is_empty() {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     request.push_str("\r\n");
+    request.push_str(body);
     stream.write_all(request.as_bytes()).ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).ok()?;
