@@ -66,8 +66,9 @@ pub struct Agent {
 
 impl Agent {
     /// Checks the configuration and prepares the agent; nothing is dialled yet.
-    pub fn new(config: Config) -> Result<Agent> {
+    pub fn new(mut config: Config) -> Result<Agent> {
         config.validate()?;
+        config.read_kubeconfig_digests();
         let start = initial_seq();
         let names = || config.kubernetes.accounts.iter().map(|a| a.name.clone());
         let outboxes = names()

@@ -343,6 +343,12 @@ pub struct AccountConfig {
     /// YAML key: only `Assignments` sets it.
     #[serde(skip)]
     pub kubeconfig_inline: Option<InlineKubeconfig>,
+    /// SHA-256 of `kubeconfig_file`'s content as last read (see
+    /// [`Config::read_kubeconfig_digests`]): a kubeconfig rewritten in place
+    /// (a rotated token or certificate, a mounted Secret updated) makes the
+    /// account differ, so a reload restarts it. Not a YAML key.
+    #[serde(skip)]
+    pub kubeconfig_digest: Option<Vec<u8>>,
     /// Where the service account's `token`, `ca.crt` and `namespace` are
     /// mounted (with `serviceAccount: true` or `kubeconfigSecret`); default
     /// [`DEFAULT_SERVICE_ACCOUNT_DIR`]. The token is read again whenever the
@@ -493,6 +499,21 @@ impl Config {
         let mut config = Self::from_yaml_str(&text, &path.display().to_string())?;
         config.file = Some(path.to_owned());
         Ok(config)
+    }
+
+    /// Records the digest of every account's kubeconfig file as it is now
+    /// (`None` for one that cannot be read: connecting names the error).
+    pub fn read_kubeconfig_digests(&mut self) {
+        for account in &mut self.kubernetes.accounts {
+            account.kubeconfig_digest = account.kubeconfig_file.as_deref().and_then(|path| {
+                let bytes = std::fs::read(path).ok()?;
+                Some(
+                    ring::digest::digest(&ring::digest::SHA256, &bytes)
+                        .as_ref()
+                        .to_vec(),
+                )
+            });
+        }
     }
 
     /// Parses and validates YAML; `origin` names its source in errors.

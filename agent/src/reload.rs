@@ -1,7 +1,9 @@
 //! Hot reload of the configuration file. [`ConfigWatcher`] reads the file
-//! every `reloadIntervalSeconds` and hashes its content — through the path,
-//! so the atomic `..data` symlink swap of a mounted ConfigMap is seen like
-//! any other change. New content that parses and validates is handed to the
+//! every `reloadIntervalSeconds` and hashes its content and that of every
+//! `kubeconfigFile` it names — through the paths, so the atomic `..data`
+//! symlink swap of a mounted ConfigMap or Secret is seen like any other
+//! change, and a kubeconfig rewritten in place (rotated credentials)
+//! restarts its account. New content that parses and validates is handed to the
 //! agent, which applies the account changes (see `Agent::apply`); a bad file
 //! is refused with one log line and the running configuration stays.
 
@@ -32,7 +34,7 @@ impl ConfigWatcher {
     /// A watcher of `path`, whose current content is the running
     /// configuration.
     pub fn new(path: PathBuf, interval: Duration, metrics: Metrics) -> Self {
-        let last = read_hash(&path).map(|(_, h)| h);
+        let last = read(&path).map(|r| r.hash);
         Self {
             path,
             interval,
@@ -58,9 +60,10 @@ impl ConfigWatcher {
         }
     }
 
-    /// The new configuration, if the file changed and is valid.
+    /// The new configuration, if the file or a kubeconfig file it names
+    /// changed and it is valid.
     fn check(&mut self) -> Option<Config> {
-        let Some((text, hash)) = read_hash(&self.path) else {
+        let Some(Read { config, hash }) = read(&self.path) else {
             // Mid-swap or removed: the running configuration stays.
             debug!(file = %self.path.display(), "configuration file unreadable; keeping the running one");
             return None;
@@ -69,14 +72,10 @@ impl ConfigWatcher {
             return None;
         }
         self.last = Some(hash);
-        let origin = self.path.display().to_string();
-        match Config::from_yaml_str(&text, &origin) {
-            Ok(mut config) => {
-                config.file = Some(self.path.clone());
-                Some(config)
-            }
+        match config {
+            Ok(config) => Some(config),
             Err(e) => {
-                warn!(file = %origin, error = %e, "configuration change refused; the running configuration stays");
+                warn!(file = %self.path.display(), error = %e, "configuration change refused; the running configuration stays");
                 self.metrics.reload("refused");
                 None
             }
@@ -84,10 +83,26 @@ impl ConfigWatcher {
     }
 }
 
-fn read_hash(path: &std::path::Path) -> Option<(String, Vec<u8>)> {
+/// The configuration file as read now.
+struct Read {
+    config: crate::config::Result<Config>,
+    /// SHA-256 of the file's text, then of each kubeconfig file it names.
+    hash: Vec<u8>,
+}
+
+fn read(path: &std::path::Path) -> Option<Read> {
     let text = std::fs::read_to_string(path).ok()?;
-    let hash = ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
+    let mut hash = ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
         .as_ref()
         .to_vec();
-    Some((text, hash))
+    let config = Config::from_yaml_str(&text, &path.display().to_string()).map(|mut config| {
+        config.file = Some(path.to_owned());
+        config.read_kubeconfig_digests();
+        for account in &config.kubernetes.accounts {
+            // A kubeconfig that cannot be read counts as a change too.
+            hash.extend(account.kubeconfig_digest.as_deref().unwrap_or(b"-"));
+        }
+        config
+    });
+    Some(Read { config, hash })
 }

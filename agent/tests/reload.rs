@@ -154,6 +154,28 @@ async fn accounts_are_added_removed_and_changed_live() {
         "{text}"
     );
 
+    // A kubeconfig rewritten in place (rotated credentials; a mounted Secret
+    // swaps it atomically) restarts its account, and only it, with the
+    // configuration file unchanged.
+    let rotated = dir.join("other.kubeconfig.new");
+    write_plain_kubeconfig(&rotated, "http://127.0.0.1:10");
+    std::fs::rename(&rotated, &other).unwrap();
+    gw.wait_for("other's new streams", |r| r.streams.len() >= 10)
+        .await;
+    assert_eq!(streams_of(&gw, "other"), 4);
+    assert_eq!(streams_of(&gw, "third"), 4);
+    gw.with(|r| {
+        let (_, last) = r.hellos.last().unwrap();
+        let names: Vec<&str> = last.accounts.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["other"]);
+        assert_eq!(last.accounts[0].api_server, "http://127.0.0.1:10/");
+    });
+    let text = metrics.encode();
+    assert!(
+        text.contains("spinlink_agent_config_reloads_total{result=\"applied\"} 3"),
+        "{text}"
+    );
+
     stop.cancel();
     tokio::time::timeout(WAIT, task)
         .await
