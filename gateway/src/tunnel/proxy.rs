@@ -431,19 +431,11 @@ impl http_body::Body for UpstreamBody {
         if self.failed {
             return Poll::Ready(None);
         }
-        if self.gone.as_mut().poll(cx).is_ready() {
-            // Retryable: the agent reopens the stream, on the new owner.
-            self.failed = true;
-            self.inner = None;
-            tracing::info!(upstream = %self.url, "upstream instance gone; stream ended");
-            let trailers = status::trailers(&Status::unavailable(
-                "upstream instance gone; reopen the stream",
-            ));
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
         let Some(inner) = self.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        // The sidecar's frames first: `gone` is polled (which takes the
+        // cancellation token's lock) only when there is nothing to pass on.
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -458,6 +450,16 @@ impl http_body::Body for UpstreamBody {
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
             Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if self.gone.as_mut().poll(cx).is_ready() => {
+                // Retryable: the agent reopens the stream, on the new owner.
+                self.failed = true;
+                self.inner = None;
+                tracing::info!(upstream = %self.url, "upstream instance gone; stream ended");
+                let trailers = status::trailers(&Status::unavailable(
+                    "upstream instance gone; reopen the stream",
+                ));
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
