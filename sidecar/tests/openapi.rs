@@ -207,3 +207,43 @@ async fn openapi_is_fetched_once_and_refetched_after_a_crd_change() -> anyhow::R
     assert_eq!(unknown.status, 503);
     sidecar.stop().await
 }
+
+#[tokio::test]
+async fn concurrent_first_gets_relay_a_document_once() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let mut relay = RelayStream::open(&mut client, "prod").await?;
+    cache.send(discovery("")).await?;
+    cache.wait_acked().await?;
+    wait_status(&sidecar, "prod", |s| s.relay && s.online && s.discovery).await?;
+    let http = http();
+    let v3 = sidecar.url("/accounts/prod/openapi/v3");
+    let doc = r#"{"paths":{"api/v1":{}}}"#;
+
+    // Eight kubectl processes at once, none of them answered yet.
+    let gets: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, v3) = (http.clone(), v3.clone());
+            tokio::spawn(async move { get(&http, &v3).await })
+        })
+        .collect();
+    let (path, _) = answer(&mut relay, "application/json", doc).await?;
+    assert_eq!(path, "/openapi/v3");
+    for answered in gets {
+        let answered = answered.await??;
+        assert_eq!((answered.status, &answered.body[..]), (200, doc.as_bytes()));
+    }
+    // Nothing else went down the relay stream.
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), relay.next())
+            .await
+            .is_err(),
+        "a second relay of the same document"
+    );
+    let metrics = get(&http, &sidecar.url("/metrics")).await?;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert_eq!(counted(&text, "relay"), 1, "{text}");
+    assert_eq!(counted(&text, "cache"), 7, "{text}");
+    sidecar.stop().await
+}

@@ -263,6 +263,22 @@ impl Facade {
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             return resp;
         }
+        // One relay per document at a time; whoever waited finds it kept.
+        let _flight = match &openapi_key {
+            Some(key) if self.openapi.enabled() => {
+                let flight = self.openapi.flight(&name, key).await;
+                if let Some(mut resp) = openapi::serve(&self.openapi, &account, key, req.headers())
+                {
+                    self.metrics.request(&name, verb, Source::Cache);
+                    if stale {
+                        warn_stale(&account, &mut resp);
+                    }
+                    return resp;
+                }
+                Some(flight)
+            }
+            _ => None,
+        };
         self.metrics.request(&name, verb, Source::Relay);
         let started = std::time::Instant::now();
         let discovery = account.read_cache().discovery_digest();

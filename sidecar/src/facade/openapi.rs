@@ -28,7 +28,7 @@
 //! finished is not kept.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
@@ -237,7 +237,12 @@ impl Inner {
 pub struct OpenApiCache {
     cap: usize,
     inner: Mutex<Inner>,
+    /// Documents being fetched now (see [`OpenApiCache::flight`]).
+    flights: Mutex<HashMap<Slot, Weak<tokio::sync::Mutex<()>>>>,
 }
+
+/// Held while one request fetches a document; see [`OpenApiCache::flight`].
+pub type Flight = tokio::sync::OwnedMutexGuard<()>;
 
 impl OpenApiCache {
     /// A cache holding at most `cap` bytes (0: nothing is kept).
@@ -245,7 +250,33 @@ impl OpenApiCache {
         Self {
             cap,
             inner: Mutex::default(),
+            flights: Mutex::default(),
         }
+    }
+
+    /// Waits until no other request is fetching `key` for `account`, then
+    /// holds it until the returned guard drops. Many kubectl processes
+    /// started at once (Clouddriver's deploys after a restart) ask for the
+    /// same multi-megabyte documents: the first relays, the others wait and
+    /// are answered from memory.
+    pub async fn flight(&self, account: &str, key: &Key) -> Flight {
+        let lock = {
+            let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
+            flights.retain(|_, w| w.strong_count() > 0);
+            let slot = Slot {
+                account: account.to_owned(),
+                key: key.clone(),
+            };
+            match flights.get(&slot).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    flights.insert(slot, Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
