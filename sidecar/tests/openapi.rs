@@ -60,6 +60,20 @@ async fn answer(
     Ok((req.path, req.query))
 }
 
+/// A sidecar (with `extra` config) whose account "prod" is online: the
+/// agent's cache stream, with a discovery snapshot acknowledged, and its
+/// relay stream, both played here.
+async fn online(extra: &str) -> anyhow::Result<(Running, CacheStream, RelayStream)> {
+    let sidecar = start_with(extra).await?;
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let relay = RelayStream::open(&mut client, "prod").await?;
+    cache.send(discovery("")).await?;
+    cache.wait_acked().await?;
+    wait_status(&sidecar, "prod", |s| s.relay && s.online && s.discovery).await?;
+    Ok((sidecar, cache, relay))
+}
+
 fn counted(metrics: &str, source: &str) -> u64 {
     let prefix = format!(
         "spinlink_sidecar_facade_requests_total{{account=\"prod\",verb=\"openapi\",source=\"{source}\"}}"
@@ -74,13 +88,7 @@ fn counted(metrics: &str, source: &str) -> u64 {
 async fn openapi_is_fetched_once_and_refetched_after_a_crd_change() -> anyhow::Result<()> {
     // A relayed GET nobody answers fails after a second: a GET that was
     // meant to come from memory cannot pass by waiting on the agent.
-    let sidecar = start_with(", relayTimeoutSeconds: 1").await?;
-    let mut client = sidecar.client().await?;
-    let mut cache = CacheStream::open(&mut client, "prod").await?;
-    let mut relay = RelayStream::open(&mut client, "prod").await?;
-    cache.send(discovery("")).await?;
-    cache.wait_acked().await?;
-    wait_status(&sidecar, "prod", |s| s.relay && s.online && s.discovery).await?;
+    let (sidecar, mut cache, mut relay) = online(", relayTimeoutSeconds: 1").await?;
     let http = http();
     let v2 = sidecar.url("/accounts/prod/openapi/v2");
     let json = [("accept", "application/json")];
@@ -210,13 +218,7 @@ async fn openapi_is_fetched_once_and_refetched_after_a_crd_change() -> anyhow::R
 
 #[tokio::test]
 async fn concurrent_first_gets_relay_a_document_once() -> anyhow::Result<()> {
-    let sidecar = start().await?;
-    let mut client = sidecar.client().await?;
-    let mut cache = CacheStream::open(&mut client, "prod").await?;
-    let mut relay = RelayStream::open(&mut client, "prod").await?;
-    cache.send(discovery("")).await?;
-    cache.wait_acked().await?;
-    wait_status(&sidecar, "prod", |s| s.relay && s.online && s.discovery).await?;
+    let (sidecar, _cache, mut relay) = online("").await?;
     let http = http();
     let v3 = sidecar.url("/accounts/prod/openapi/v3");
     let doc = r#"{"paths":{"api/v1":{}}}"#;
