@@ -1,0 +1,319 @@
+//! HPACK (RFC 7541): the [`Decoder`] every connection keeps for the header
+//! blocks it receives, and the [`Encoder`] for those it sends.
+//!
+//! The decoder takes untrusted input: integers are bounded, every string
+//! length is checked against the block, indices against the tables, table
+//! size updates against the limit this side announced and allowed only at
+//! the start of a block (§4.2). Any violation is a [`DecodeError`], which
+//! HTTP/2 turns into a COMPRESSION_ERROR for the whole connection: after a
+//! bad block the two sides' tables can no longer be trusted to agree.
+
+pub mod huffman;
+pub mod table;
+
+use std::borrow::Cow;
+
+use bytes::{BufMut, BytesMut};
+
+use self::table::{Dynamic, STATIC};
+
+/// Largest integer accepted in a header block: more than any length or index
+/// a bounded header list can need, far from overflowing.
+const MAX_INTEGER: usize = 1 << 24;
+
+/// Why a header block could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The block ends inside an integer or a string.
+    #[error("header block truncated")]
+    Truncated,
+    /// An integer larger than any the decoder accepts.
+    #[error("integer too large")]
+    IntegerTooLarge,
+    /// An index beyond the static and dynamic tables (or 0).
+    #[error("table index {0} out of range")]
+    BadIndex(usize),
+    /// A Huffman-coded string that does not decode.
+    #[error("{0}")]
+    Huffman(#[from] huffman::HuffmanError),
+    /// A dynamic table size update above the announced limit.
+    #[error("table size update to {0} above the limit")]
+    SizeUpdateTooLarge(usize),
+    /// A dynamic table size update after the first field of a block.
+    #[error("table size update after a header field")]
+    SizeUpdateMisplaced,
+}
+
+/// Decodes an integer with an `prefix`-bit prefix from the start of `buf`
+/// (§5.1); returns it and the bytes it took.
+fn decode_integer(buf: &[u8], prefix: u8) -> Result<(usize, usize), DecodeError> {
+    let mask = (1u16 << prefix) as usize - 1;
+    let first = *buf.first().ok_or(DecodeError::Truncated)?;
+    let mut value = usize::from(first) & mask;
+    if value < mask {
+        return Ok((value, 1));
+    }
+    let mut shift = 0u32;
+    for (i, &b) in buf[1..].iter().enumerate() {
+        // Four continuation octets reach 2^28; more is an overlong encoding.
+        if shift > 21 {
+            return Err(DecodeError::IntegerTooLarge);
+        }
+        value += usize::from(b & 0x7f) << shift;
+        if value > MAX_INTEGER {
+            return Err(DecodeError::IntegerTooLarge);
+        }
+        if b & 0x80 == 0 {
+            return Ok((value, i + 2));
+        }
+        shift += 7;
+    }
+    Err(DecodeError::Truncated)
+}
+
+/// Decodes a string literal from the start of `buf` (§5.2); returns it and
+/// the bytes it took.
+fn decode_string(buf: &[u8]) -> Result<(Cow<'_, [u8]>, usize), DecodeError> {
+    let huffman = buf.first().ok_or(DecodeError::Truncated)? & 0x80 != 0;
+    let (len, used) = decode_integer(buf, 7)?;
+    let end = used.checked_add(len).ok_or(DecodeError::Truncated)?;
+    let raw = buf.get(used..end).ok_or(DecodeError::Truncated)?;
+    if huffman {
+        let mut out = Vec::new();
+        huffman::decode(raw, &mut out)?;
+        Ok((Cow::Owned(out), end))
+    } else {
+        Ok((Cow::Borrowed(raw), end))
+    }
+}
+
+/// How a received field was represented, which a proxy must keep for
+/// sensitive fields (§7.1.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Indexing {
+    /// Indexed, or a literal added to the table.
+    Indexed,
+    /// A literal not added to the table.
+    NotIndexed,
+    /// A literal that must never be indexed by any hop.
+    Never,
+}
+
+/// The receiving side's HPACK state for one connection.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    table: Dynamic,
+    /// The SETTINGS_HEADER_TABLE_SIZE this side announced: the most a size
+    /// update may ask for.
+    limit: usize,
+}
+
+impl Decoder {
+    /// A decoder whose peer may use a table of up to `limit` octets (what
+    /// this side announces as SETTINGS_HEADER_TABLE_SIZE).
+    pub fn new(limit: usize) -> Self {
+        Self {
+            table: Dynamic::new(limit),
+            limit,
+        }
+    }
+
+    /// Octets in the dynamic table now.
+    pub fn table_size(&self) -> usize {
+        self.table.size()
+    }
+
+    fn lookup(&self, index: usize) -> Result<(&[u8], &[u8]), DecodeError> {
+        match index {
+            0 => Err(DecodeError::BadIndex(0)),
+            i if i <= STATIC.len() => {
+                let (n, v) = STATIC[i - 1];
+                Ok((n.as_bytes(), v.as_bytes()))
+            }
+            i => self
+                .table
+                .get(i - STATIC.len() - 1)
+                .ok_or(DecodeError::BadIndex(i)),
+        }
+    }
+
+    /// Decodes one complete header block (HEADERS plus its CONTINUATIONs),
+    /// calling `field` with every name and value in order. The whole block
+    /// is always decoded, so the table stays in step with the peer's even
+    /// when the caller refuses the fields.
+    pub fn decode<F>(&mut self, block: &[u8], mut field: F) -> Result<(), DecodeError>
+    where
+        F: FnMut(&[u8], &[u8], Indexing),
+    {
+        let mut at = 0;
+        let mut fields_seen = false;
+        while at < block.len() {
+            let rest = &block[at..];
+            let first = rest[0];
+            if first & 0x80 != 0 {
+                // Indexed field (§6.1).
+                let (index, used) = decode_integer(rest, 7)?;
+                let (name, value) = self.lookup(index)?;
+                field(name, value, Indexing::Indexed);
+                at += used;
+                fields_seen = true;
+            } else if first & 0xe0 == 0x20 {
+                // Dynamic table size update (§6.3).
+                if fields_seen {
+                    return Err(DecodeError::SizeUpdateMisplaced);
+                }
+                let (size, used) = decode_integer(rest, 5)?;
+                if size > self.limit {
+                    return Err(DecodeError::SizeUpdateTooLarge(size));
+                }
+                self.table.set_max_size(size);
+                at += used;
+            } else {
+                // Literal (§6.2): with incremental indexing (01), never
+                // indexed (0001) or without indexing (0000).
+                let (prefix, indexing) = if first & 0x40 != 0 {
+                    (6, Indexing::Indexed)
+                } else if first & 0x10 != 0 {
+                    (4, Indexing::Never)
+                } else {
+                    (4, Indexing::NotIndexed)
+                };
+                let (index, mut used) = decode_integer(rest, prefix)?;
+                let name: Cow<'_, [u8]> = if index == 0 {
+                    let (name, n) = decode_string(&rest[used..])?;
+                    used += n;
+                    name
+                } else {
+                    // Copied: the insertion below may evict the entry.
+                    Cow::Owned(self.lookup(index)?.0.to_vec())
+                };
+                let (value, n) = decode_string(&rest[used..])?;
+                used += n;
+                field(&name, &value, indexing);
+                if indexing == Indexing::Indexed {
+                    self.table.insert(&name, &value);
+                }
+                at += used;
+                fields_seen = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends an integer with a `prefix`-bit prefix; `flags` fills the bits
+/// above the prefix in the first octet (§5.1).
+fn encode_integer(out: &mut BytesMut, value: usize, prefix: u8, flags: u8) {
+    let mask = (1usize << prefix) - 1;
+    if value < mask {
+        out.put_u8(flags | value as u8);
+        return;
+    }
+    out.put_u8(flags | mask as u8);
+    let mut rest = value - mask;
+    while rest >= 0x80 {
+        out.put_u8((rest as u8 & 0x7f) | 0x80);
+        rest >>= 7;
+    }
+    out.put_u8(rest as u8);
+}
+
+/// Appends a string literal, Huffman-coded when that is shorter (§5.2).
+fn encode_string(out: &mut BytesMut, s: &[u8]) {
+    let coded = huffman::encoded_len(s);
+    if coded < s.len() {
+        encode_integer(out, coded, 7, 0x80);
+        let mut v = Vec::with_capacity(coded);
+        huffman::encode(s, &mut v);
+        out.put_slice(&v);
+    } else {
+        encode_integer(out, s.len(), 7, 0);
+        out.put_slice(s);
+    }
+}
+
+/// The sending side's HPACK state for one connection.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    table: Dynamic,
+    /// The most this encoder will use whatever the peer allows; 0 never
+    /// indexes (no memory kept per connection).
+    cap: usize,
+    /// A size update owed at the start of the next block.
+    pending_update: Option<usize>,
+}
+
+impl Encoder {
+    /// An encoder using a dynamic table of at most `cap` octets (and never
+    /// more than the peer's SETTINGS_HEADER_TABLE_SIZE, 4,096 until it says).
+    pub fn new(cap: usize) -> Self {
+        let max = cap.min(crate::frame::DEFAULT_HEADER_TABLE_SIZE as usize);
+        Self {
+            table: Dynamic::new(max),
+            cap,
+            // A peer expects 4,096 until told; a smaller table is announced.
+            pending_update: (max != crate::frame::DEFAULT_HEADER_TABLE_SIZE as usize)
+                .then_some(max),
+        }
+    }
+
+    /// Applies the peer's SETTINGS_HEADER_TABLE_SIZE.
+    pub fn set_peer_limit(&mut self, peer: u32) {
+        let max = self.cap.min(peer as usize);
+        if max != self.table.max_size() {
+            self.table.set_max_size(max);
+            self.pending_update = Some(max);
+        }
+    }
+
+    /// Encodes one header block of `fields` into `out`.
+    pub fn encode<'a, I>(&mut self, fields: I, out: &mut BytesMut)
+    where
+        I: IntoIterator<Item = (&'a [u8], &'a [u8], Indexing)>,
+    {
+        if let Some(size) = self.pending_update.take() {
+            encode_integer(out, size, 5, 0x20);
+        }
+        for (name, value, indexing) in fields {
+            self.encode_field(name, value, indexing, out);
+        }
+    }
+
+    fn encode_field(&mut self, name: &[u8], value: &[u8], indexing: Indexing, out: &mut BytesMut) {
+        let (s_exact, s_name) = table::find_static(name, value);
+        let (d_exact, d_name) = if self.table.is_empty() {
+            (None, None)
+        } else {
+            self.table.find(name, value)
+        };
+        let dyn_index = |i: usize| i + STATIC.len() + 1;
+        if indexing != Indexing::Never {
+            if let Some(i) = s_exact {
+                return encode_integer(out, i, 7, 0x80);
+            }
+            if let Some(i) = d_exact {
+                return encode_integer(out, dyn_index(i), 7, 0x80);
+            }
+        }
+        let name_index = s_name.or(d_name.map(dyn_index));
+        let size = name.len() + value.len() + table::ENTRY_OVERHEAD;
+        // Index what is likely to repeat and small enough not to flush the
+        // table; never what the sender marked sensitive.
+        let (prefix, flags) = match indexing {
+            Indexing::Never => (4, 0x10),
+            Indexing::Indexed if size <= self.table.max_size() / 2 => (6, 0x40),
+            _ => (4, 0x00),
+        };
+        encode_integer(out, name_index.unwrap_or(0), prefix, flags);
+        if name_index.is_none() {
+            encode_string(out, name);
+        }
+        encode_string(out, value);
+        if flags == 0x40 {
+            self.table.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
