@@ -1,13 +1,13 @@
 //! spinlink gateway: the mTLS edge that agents dial.
 //!
 //! A request's path through the crate follows the folders:
-//! [`listener`] accepts TCP, terminates mTLS and serves HTTP/2 per connection,
-//! naming the peer ([`identity`]) and the connection (its TLS binding);
-//! [`tunnel`] routes each stream by gRPC path — `Hello` is answered here with
-//! channel tokens ([`token`]) for the accounts the [`identity::Policy`] allows,
-//! `Cache` and `Relay` streams are checked against their token and carried byte
-//! for byte to the sidecar [`route`] picks, over the pooled HTTP/2 connections of
-//! [`upstream`]. [`tls`] reloads the listener's certificate from disk;
+//! [`listener`] accepts TCP, terminates mTLS and names the peer
+//! ([`identity`]) and the connection (its TLS binding); [`relay`] serves the
+//! connection's HTTP/2 and routes each stream by gRPC path — `Hello` is
+//! answered with channel tokens ([`token`]) for the accounts the
+//! [`identity::Policy`] allows ([`tunnel`]), `Cache` and `Relay` streams are
+//! checked against their token and carried frame by frame to the sidecar
+//! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`]. [`tls`] reloads the listener's certificate from disk;
 //! [`admin`] holds the counters and serves them, with `/healthz` and `/readyz`,
 //! on the admin port. [`fuzz`] holds the bodies of the fuzz targets.
 //! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an nginx-style
@@ -23,6 +23,7 @@ mod gateway;
 pub mod identity;
 pub mod ingress;
 pub mod listener;
+pub mod relay;
 pub mod route;
 pub mod tls;
 pub mod token;

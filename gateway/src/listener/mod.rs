@@ -10,8 +10,8 @@
 //!    configuration current *now* ([`crate::tls::ServerTls`], reloaded from
 //!    disk) within `handshakeTimeoutSeconds`;
 //! 4. the connection is named — identity from the leaf certificate, binding
-//!    from the TLS exporter — and served as HTTP/2; every request goes to
-//!    [`crate::tunnel::handle`] with that name.
+//!    from the TLS exporter — and served by the relay
+//!    ([`crate::relay::server`]) with that name.
 //!
 //! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
 //! by SNI, HTTP/1.1 and HTTP/2, requests routed as nginx would, agent names
@@ -35,8 +35,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use spinlink_tls::binding::{ConnectionBinding, connection_binding};
 use spinlink_tls::identity::{IdentitySource, identity_from_cert};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -487,96 +485,25 @@ impl Connection {
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let remote = peer.remote;
-        let control = peer.control.clone();
-        let shared = self.shared.clone();
-        let peer = Arc::new(peer);
-        // Streams open on this connection, for the idle timeout.
-        let (active, active_rx) = watch::channel(0usize);
-        let active = Arc::new(active);
-        let service = hyper::service::service_fn(move |req| {
-            let shared = shared.clone();
-            let peer = peer.clone();
-            let guard = ActiveStream::new(active.clone());
-            async move {
-                let response = tunnel::handle(shared, &peer, req).await;
-                // The stream is open until its response body is done or dropped.
-                Ok::<_, std::convert::Infallible>(response.map(|body| {
-                    tonic::body::Body::new(GuardedBody {
-                        inner: body,
-                        _guard: guard,
-                    })
-                }))
-            }
-        });
-        let mut builder = http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
-            .max_concurrent_streams(self.settings.max_concurrent_streams)
-            .max_header_list_size(MAX_HEADER_LIST_SIZE);
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        let mut conn = std::pin::pin!(conn);
-        let age = self.settings.max_age.map(|m| (m.pick(), m.grace));
-        let age_sleep = async {
-            match age {
-                Some((age, _)) => tokio::time::sleep(age).await,
-                None => std::future::pending().await,
-            }
+        let settings = &self.settings;
+        let limits = crate::relay::server::AgentLimits {
+            max_concurrent_streams: settings.max_concurrent_streams,
+            max_header_list_size: MAX_HEADER_LIST_SIZE,
+            idle_timeout: settings.idle_timeout,
+            max_age: settings.max_age.map(|m| (m.pick(), m.grace)),
+            drain_grace: settings.drain_grace,
+            keepalive: DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         };
-        let mut linger = None;
-        let result = tokio::select! {
-            result = conn.as_mut() => Some(result),
-            () = self.shutdown.cancelled() => {
-                tunnel::send_reconnect(&control, "draining", self.settings.drain_grace);
-                None
-            }
-            () = idle(active_rx, self.settings.idle_timeout) => {
-                self.shared.stats.refuse(Refusal::Idle);
-                tracing::info!(%remote, "agent connection idle; closing");
-                // A peer that never sent the HTTP/2 preface cannot take a
-                // GOAWAY; it gets one more timeout, then the socket closes.
-                linger = Some(self.settings.idle_timeout);
-                None
-            }
-            () = age_sleep => {
-                let grace = age.map_or(Duration::ZERO, |(_, g)| g);
-                tunnel::send_reconnect(&control, "max-age", grace);
-                tracing::info!(%remote, "agent connection at its maximum age; asked to reconnect");
-                // The agent moves first (make-before-break); GOAWAY after the grace.
-                tokio::select! {
-                    result = conn.as_mut() => Some(result),
-                    () = tokio::time::sleep(grace) => { linger = Some(grace); None }
-                    () = self.shutdown.cancelled() => None,
-                }
-            }
-        };
-        let result = match result {
-            Some(result) => result,
-            None => {
-                // GOAWAY: no new streams, the open ones run on.
-                conn.as_mut().graceful_shutdown();
-                let linger = async {
-                    match linger {
-                        Some(d) => tokio::time::sleep(d).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    result = conn.as_mut() => result,
-                    () = self.hard.cancelled() => Ok(()),
-                    () = linger => Ok(()),
-                }
-            }
-        };
-        match result {
-            Ok(()) => tracing::debug!(%remote, "agent connection closed"),
-            Err(e) => {
-                self.shared.stats.refuse(Refusal::Protocol);
-                tracing::info!(%remote, error = %e, "agent connection ended");
-            }
-        }
+        crate::relay::server::serve(
+            io,
+            peer,
+            self.shared.clone(),
+            limits,
+            self.shutdown.clone(),
+            self.hard.clone(),
+        )
+        .await;
     }
 }
 

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use spinlink_proto::paths;
 use spinlink_proto::v1::tunnel_server::TunnelServer;
 use tonic::body::Body;
@@ -130,6 +129,12 @@ impl ConnState {
         *self.hello_agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(agent_id));
     }
 
+    /// Whether this is a bootstrap connection (no client certificate; a
+    /// `Hello` JWT names the agent).
+    pub fn is_bootstrap(&self) -> bool {
+        self.bootstrap
+    }
+
     /// The agent id the last `Hello` on this connection stated.
     pub fn hello_agent(&self) -> Option<Arc<str>> {
         self.hello_agent
@@ -190,13 +195,15 @@ pub struct ConnPeer {
 }
 
 impl ConnPeer {
-    fn agent(&self, req: &Request<Incoming>) -> Option<AgentPeer> {
+    /// The agent a request with `headers` speaks for: the connection's
+    /// identity, a bootstrap connection's established one, or (insecure
+    /// listener only) the one the request names.
+    pub fn agent(&self, headers: &http::HeaderMap) -> Option<AgentPeer> {
         let identity = match &self.identity {
             Some(identity) => identity.clone(),
             // Never the dev header on a TLS connection.
             None if self.control.bootstrap => self.control.bootstrap_identity()?,
-            None => req
-                .headers()
+            None => headers
                 .get(DEV_IDENTITY_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
@@ -213,10 +220,10 @@ impl ConnPeer {
 
     /// The peer of a `Hello` on a bootstrap connection: the JWT in its
     /// metadata names the identity. Errors are the response to send.
-    fn bootstrap_peer(
+    pub fn bootstrap_peer(
         &self,
         shared: &Shared,
-        req: &Request<Incoming>,
+        headers: &http::HeaderMap,
     ) -> Result<AgentPeer, tonic::Status> {
         let remote = self.remote;
         let fail = |reason: &str, message: String| {
@@ -228,7 +235,7 @@ impl ConnPeer {
         let Some(verifier) = &shared.jwt else {
             return fail("disabled", "a client certificate is required".into());
         };
-        let mut values = req.headers().get_all(BOOTSTRAP_JWT_HEADER).iter();
+        let mut values = headers.get_all(BOOTSTRAP_JWT_HEADER).iter();
         let (Some(jwt), None) = (values.next(), values.next()) else {
             return fail(
                 "missing",
@@ -275,19 +282,20 @@ impl ConnPeer {
     }
 }
 
-/// Serves one request of a connection.
-pub async fn handle(
-    shared: Arc<Shared>,
-    conn: &ConnPeer,
-    mut req: Request<Incoming>,
-) -> Response<Body> {
+/// Serves one request of a connection hyper serves (an ingress connection),
+/// or a `Hello` the relay hands over.
+pub async fn handle<B>(shared: Arc<Shared>, conn: &ConnPeer, mut req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::upstream::BoxError> + Send + 'static,
+{
     let peer = if conn.control.bootstrap && req.uri().path() == paths::HELLO {
-        match conn.bootstrap_peer(&shared, &req) {
+        match conn.bootstrap_peer(&shared, req.headers()) {
             Ok(peer) => peer,
             Err(refused) => return status::response(refused),
         }
     } else {
-        let Some(peer) = conn.agent(&req) else {
+        let Some(peer) = conn.agent(req.headers()) else {
             return status::unauthenticated(if conn.control.bootstrap {
                 "no agent identity: call Hello with a bootstrap JWT first".to_owned()
             } else {

@@ -1,293 +1,333 @@
-//! `Cache` and `Relay`: the stream's channel token is checked against this
-//! connection, identity and the claimed account before anything is opened
-//! upstream (`Assignments`: the agent id against the connection's `Hello`); then the stream is carried byte for byte (no protobuf decoding)
-//! to the sidecar [`crate::route`] picks, with the gateway's verified headers
-//! in place of anything the agent claimed. The response — status, headers,
-//! streaming body and trailers — goes back as the sidecar sent it. Each
+//! The checks a carried stream passes before anything is opened upstream —
+//! `Cache` and `Relay`: the channel token against this connection, identity
+//! and the claimed account ([`admit_channel`]); `Assignments`: the agent id
+//! against the connection's `Hello` ([`admit_assignments`]) — and the head
+//! the sidecar gets in place of the agent's ([`upstream_fields`]): the
+//! gateway's verified headers instead of anything the agent claimed.
+//!
+//! The relay ([`crate::relay`]) carries the streams of agent connections
+//! with these; [`forward`] carries those of ingress connections, which hyper
+//! serves, through a bridge onto the same pooled sidecar connections. Each
 //! carried stream holds one of its identity's `listener.maxStreamsPerIdentity`
-//! slots until its response body ends or is dropped.
+//! slots until it ends.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
-use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use spinlink_proto::headers;
 use tonic::Status;
 use tonic::body::Body;
 
 use super::{Shared, status};
-use crate::admin::metrics::UpstreamLabel;
-use crate::admin::{Counter, Refusal, Stats};
+use crate::admin::{Counter, Refusal};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
 use crate::listener::limits::Slot;
+use crate::relay::bridge::{BridgeBody, BridgeError};
+use crate::relay::link::Fields;
 use crate::token::Claims;
-use crate::upstream::{BoxError, Lease, RequestBody, Target};
+use crate::upstream::{BoxError, Lease, Target};
 
 /// Headers that describe one hop, not the message, and are never forwarded.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::HOST,
+const HOP_BY_HOP: [&[u8]; 7] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"proxy-authorization",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
 ];
 
-/// Checks and carries one `Cache` or `Relay` stream.
-pub async fn forward(shared: &Shared, peer: &AgentPeer, req: Request<Incoming>) -> Response<Body> {
+/// A stream that passed its checks, ready to be carried.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The rendezvous key: the account, or `agent:<id>` for `Assignments`.
+    pub key: String,
+    /// The gateway's verified headers, set in place of anything the agent
+    /// claimed.
+    pub verified: Vec<(&'static str, String)>,
+    /// The identity's stream slot, held while the stream is open.
+    pub slot: Slot<std::sync::Arc<str>>,
+}
+
+/// Checks a `Cache` or `Relay` stream: one `spinlink-account` and one
+/// `spinlink-token`, the token valid for this connection, identity and
+/// account, and a free stream slot for the identity. A refusal is counted
+/// and logged and comes back as the status to answer with.
+pub fn admit_channel(
+    shared: &Shared,
+    peer: &AgentPeer,
+    method: &str,
+    headers: &HeaderMap,
+) -> Result<Admitted, Status> {
     let identity = &*peer.identity;
-    let method = req.uri().path().to_owned();
     // One value each: a second `spinlink-account` would reach the sidecar
     // unchecked beside the verified one.
     for name in [headers::ACCOUNT, headers::TOKEN] {
-        if req.headers().get_all(name).iter().nth(1).is_some() {
-            return refuse(
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(refuse(
                 shared,
                 peer,
                 "",
-                &method,
+                method,
                 &format!("more than one {name} header"),
-            );
+            ));
         }
     }
-    let Some(account) = header_str(req.headers(), headers::ACCOUNT) else {
-        return refuse(shared, peer, "", &method, "missing spinlink-account header");
-    };
-    let account = account.to_owned();
-    let Some(token) = header_str(req.headers(), headers::TOKEN) else {
-        return refuse(
+    let Some(account) = header_str(headers, headers::ACCOUNT) else {
+        return Err(refuse(
             shared,
             peer,
-            &account,
-            &method,
+            "",
+            method,
+            "missing spinlink-account header",
+        ));
+    };
+    let Some(token) = header_str(headers, headers::TOKEN) else {
+        return Err(refuse(
+            shared,
+            peer,
+            account,
+            method,
             "missing spinlink-token header",
-        );
+        ));
     };
     let claims = Claims {
         binding: &peer.binding,
         identity,
-        account: &account,
+        account,
     };
     if let Err(refused) = shared.tokens.verify(token, claims, SystemTime::now()) {
-        return refuse(shared, peer, &account, &method, &refused.to_string());
+        return Err(refuse(shared, peer, account, method, &refused.to_string()));
     }
-    carry(
-        shared,
-        peer,
-        req,
-        &account,
-        &[(headers::VERIFIED_ACCOUNT, &account)],
-    )
-    .await
+    let slot = take_slot(shared, peer, account, method)?;
+    Ok(Admitted {
+        key: account.to_owned(),
+        verified: vec![(headers::VERIFIED_ACCOUNT, account.to_owned())],
+        slot,
+    })
 }
 
-/// Checks and carries one `Assignments` stream: no channel token, but the
-/// connection must have said `Hello`, and the agent id the stream names
-/// (`spinlink-agent-id`) must be the one that `Hello` stated. It goes to
-/// the sidecar rendezvous hashing picks for `agent:<id>`.
-pub async fn forward_assignments(
+/// Checks an `Assignments` stream: no channel token, but the connection
+/// must have said `Hello` (with a certificate identity), and the agent id
+/// the stream names (`spinlink-agent-id`) must be the one that `Hello`
+/// stated. It goes to the sidecar rendezvous hashing picks for
+/// `agent:<id>`, with the account globs the policy grants the identity.
+pub fn admit_assignments(
     shared: &Shared,
     peer: &AgentPeer,
     bootstrap: bool,
     hello_agent: Option<&str>,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    let method = req.uri().path().to_owned();
+    method: &str,
+    headers: &HeaderMap,
+) -> Result<Admitted, Status> {
+    let no = |agent: &str, reason: &str, status: fn(String) -> Status| {
+        refuse_with(shared, peer, agent, method, reason, status)
+    };
     if bootstrap {
         // Kubeconfigs go only to identities the policy names.
-        return refuse_with(
-            shared,
-            peer,
+        return Err(no(
             "",
-            &method,
             "dynamic accounts need a client certificate identity",
             Status::permission_denied,
-        );
+        ));
     }
-    if req
-        .headers()
-        .get_all(headers::AGENT_ID)
-        .iter()
-        .nth(1)
-        .is_some()
-    {
-        return refuse_with(
-            shared,
-            peer,
+    if headers.get_all(headers::AGENT_ID).iter().nth(1).is_some() {
+        return Err(no(
             "",
-            &method,
             "more than one spinlink-agent-id header",
             Status::unauthenticated,
-        );
+        ));
     }
-    let Some(agent) = header_str(req.headers(), headers::AGENT_ID).map(str::to_owned) else {
-        return refuse_with(
-            shared,
-            peer,
+    let Some(agent) = header_str(headers, headers::AGENT_ID) else {
+        return Err(no(
             "",
-            &method,
             "missing spinlink-agent-id header",
             Status::unauthenticated,
-        );
+        ));
     };
     let Some(hello_agent) = hello_agent else {
-        return refuse_with(
-            shared,
-            peer,
-            &agent,
-            &method,
+        return Err(no(
+            agent,
             "call Hello on this connection first",
             Status::failed_precondition,
-        );
+        ));
     };
     if hello_agent != agent {
-        return refuse_with(
-            shared,
-            peer,
-            &agent,
-            &method,
+        return Err(no(
+            agent,
             &format!("agent id {agent:?} is not the one this connection's Hello stated"),
             Status::permission_denied,
-        );
+        ));
     }
     let patterns = shared.policy.account_patterns(&peer.identity);
     if patterns.is_empty() {
-        return refuse_with(
-            shared,
-            peer,
-            &agent,
-            &method,
+        return Err(no(
+            agent,
             "the policy lets this identity serve no account",
             Status::permission_denied,
-        );
+        ));
     }
-    let patterns = serde_json::to_string(&patterns).unwrap_or_default();
-    carry(
-        shared,
-        peer,
-        req,
-        &format!("agent:{agent}"),
-        &[
-            (headers::VERIFIED_AGENT, &agent),
-            (headers::VERIFIED_ACCOUNTS, &patterns),
+    let key = format!("agent:{agent}");
+    let slot = take_slot(shared, peer, &key, method)?;
+    Ok(Admitted {
+        key,
+        verified: vec![
+            (headers::VERIFIED_AGENT, agent.to_owned()),
+            (
+                headers::VERIFIED_ACCOUNTS,
+                serde_json::to_string(&patterns).unwrap_or_default(),
+            ),
         ],
-    )
-    .await
+        slot,
+    })
 }
 
-/// Carries a checked stream to the sidecar rendezvous hashing picks for
-/// `key`, with the verified identity and the `verified` headers set.
-async fn carry(
+/// One of the identity's `maxStreamsPerIdentity` slots.
+fn take_slot(
     shared: &Shared,
     peer: &AgentPeer,
-    req: Request<Incoming>,
     key: &str,
-    verified: &[(&'static str, &str)],
-) -> Response<Body> {
-    let identity = &*peer.identity;
-    let method = req.uri().path().to_owned();
-    let account = key.to_owned();
-    let Some(slot) = shared
+    method: &str,
+) -> Result<Slot<std::sync::Arc<str>>, Status> {
+    shared
         .limits
         .identity_streams
         .try_take(peer.identity.clone())
-    else {
-        shared.stats.refuse(Refusal::IdentityStreams);
-        tracing::warn!(
-            identity,
-            account,
-            method,
-            "stream refused: identity stream limit"
-        );
-        return status::response(Status::resource_exhausted(
-            "this identity has too many streams open",
-        ));
-    };
+        .ok_or_else(|| {
+            shared.stats.refuse(Refusal::IdentityStreams);
+            tracing::warn!(
+                identity = &*peer.identity,
+                account = key,
+                method,
+                "stream refused: identity stream limit"
+            );
+            Status::resource_exhausted("this identity has too many streams open")
+        })
+}
 
+/// Checks and carries one `Cache` or `Relay` stream of a connection hyper
+/// serves (an ingress connection).
+pub async fn forward<B>(shared: &Shared, peer: &AgentPeer, req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let method = req.uri().path().to_owned();
+    match admit_channel(shared, peer, &method, req.headers()) {
+        Ok(admitted) => carry(shared, peer, req, admitted).await,
+        Err(status) => status::response(status),
+    }
+}
+
+/// Checks and carries one `Assignments` stream of a connection hyper serves.
+pub async fn forward_assignments<B>(
+    shared: &Shared,
+    peer: &AgentPeer,
+    bootstrap: bool,
+    hello_agent: Option<&str>,
+    req: Request<B>,
+) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let method = req.uri().path().to_owned();
+    match admit_assignments(shared, peer, bootstrap, hello_agent, &method, req.headers()) {
+        Ok(admitted) => carry(shared, peer, req, admitted).await,
+        Err(status) => status::response(status),
+    }
+}
+
+/// Carries an admitted stream to the sidecar rendezvous hashing picks for
+/// its key, through a bridge onto the instance's pooled connections.
+async fn carry<B>(
+    shared: &Shared,
+    peer: &AgentPeer,
+    req: Request<B>,
+    admitted: Admitted,
+) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let identity = &*peer.identity;
+    let method = req.uri().path().to_owned();
+    let account = admitted.key.clone();
     let Some(lease) = shared.upstreams.pick(&account) else {
         shared.stats.incr(Counter::UpstreamUnavailable);
         return status::unavailable("no upstream instance");
     };
-    let upstream = lease.instance().upstream();
-    let counted = shared.stats.metrics().bytes_counter(true);
-    let upstream_req = match upstream_request(req, upstream.target(), identity, verified) {
-        Ok(r) => r.map(|body| {
-            // Agent → sidecar bytes, counted as they pass.
-            body.map_frame(move |frame| {
-                if let Some(data) = frame.data_ref() {
-                    counted.inc_by(data.len() as u64);
-                }
-                frame
-            })
-            .boxed_unsync()
-        }),
-        Err(message) => {
-            tracing::warn!(identity, account, method, message, "stream not forwardable");
-            return status::internal(message);
-        }
+    let instance = lease.instance().clone();
+    let upstream = instance.upstream();
+    let (parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let headers: Vec<(&[u8], &[u8])> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .collect();
+    let fields = match upstream_head(
+        parts.method.as_str(),
+        &path,
+        &headers,
+        upstream.target(),
+        peer,
+        &admitted,
+    ) {
+        Ok(f) => f,
+        Err(status) => return status::response(status),
     };
-    match upstream.send(upstream_req).await {
+    let counted = shared.stats.metrics().bytes_counter(true);
+    // Agent → sidecar bytes, counted as they pass.
+    let body = body
+        .map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                counted.inc_by(data.len() as u64);
+            }
+            frame
+        })
+        .map_err(Into::into)
+        .boxed_unsync();
+    match upstream.send(fields, body).await {
         Ok(response) => {
-            shared.upstreams.stream_ok(lease.instance());
-            shared.stats.incr(Counter::StreamsForwarded);
-            tracing::info!(
-                identity,
-                account,
-                method,
-                upstream = upstream.target().url(),
-                status = response.status().as_u16(),
-                "stream forwarded"
-            );
-            let url = upstream.target().url().to_owned();
-            let label = UpstreamLabel {
-                upstream: url.clone(),
-            };
-            let metrics = shared.stats.metrics();
-            metrics.streams.get_or_create(&label).inc();
-            metrics.streams_open.get_or_create(&label).inc();
-            let stats = shared.stats.clone();
-            let gone = Box::pin(lease.gone().clone().cancelled_owned());
-            let down = metrics.bytes_counter(false);
+            log_carried(shared, identity, &account, &method, upstream.target().url());
+            let carried = instance.carried();
+            let down = shared.stats.metrics().bytes_counter(false);
             response.map(|body| {
                 Body::new(UpstreamBody {
-                    inner: Some(body),
-                    url,
+                    inner: body,
                     failed: false,
                     down,
-                    stats,
-                    label,
-                    gone,
+                    _carried: carried,
                     _lease: lease,
-                    _slot: slot,
+                    _slot: admitted.slot,
                 })
             })
         }
         Err(e) => {
-            shared.upstreams.stream_failed(lease.instance());
-            shared.stats.incr(Counter::UpstreamUnavailable);
+            // A stream that reached a connection was counted by the
+            // instance's outcome; one that found none is counted here.
+            if matches!(e, crate::upstream::Error::Unavailable { .. }) {
+                shared.stats.incr(Counter::UpstreamUnavailable);
+            }
             tracing::warn!(identity, account, method, error = %e, "upstream unavailable");
             status::unavailable(format!("upstream {} unavailable", upstream.target().url()))
         }
     }
 }
 
-fn refuse(
-    shared: &Shared,
-    peer: &AgentPeer,
-    account: &str,
-    method: &str,
-    reason: &str,
-) -> Response<Body> {
+fn refuse(shared: &Shared, peer: &AgentPeer, account: &str, method: &str, reason: &str) -> Status {
     refuse_with(
         shared,
         peer,
@@ -305,7 +345,7 @@ fn refuse_with(
     method: &str,
     reason: &str,
     status: fn(String) -> Status,
-) -> Response<Body> {
+) -> Status {
     shared.stats.incr(Counter::StreamsRefused);
     // The token itself is never logged, only why it was refused.
     tracing::warn!(
@@ -316,7 +356,7 @@ fn refuse_with(
         reason,
         "stream refused"
     );
-    status::response(status(reason.to_owned()))
+    status(reason.to_owned())
 }
 
 fn header_str<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -325,99 +365,125 @@ fn header_str<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// Whether an agent header is dropped on the way upstream.
-fn dropped(name: &HeaderName, value: &HeaderValue, listed: &[HeaderName]) -> bool {
-    let n = name.as_str();
-    HOP_BY_HOP.contains(name)
-        || listed.contains(name)
+/// Whether an agent header is dropped on the way upstream: hop-by-hop
+/// headers (and those `Connection` lists), a `te` other than `trailers`,
+/// the token, the development and bootstrap identity headers, and every
+/// `spinlink-verified-*` claim.
+fn dropped(name: &[u8], value: &[u8], listed: &[&[u8]]) -> bool {
+    HOP_BY_HOP.contains(&name)
+        || listed.iter().any(|l| l.eq_ignore_ascii_case(name))
         // gRPC sends `te: trailers`, the one TE value HTTP/2 allows.
-        || (name == header::TE && value.as_bytes() != b"trailers")
-        || n == headers::TOKEN
-        || n == DEV_IDENTITY_HEADER
-        || n == crate::identity::jwt::BOOTSTRAP_JWT_HEADER
-        || n.starts_with(headers::VERIFIED_PREFIX)
+        || (name == b"te" && value != b"trailers")
+        || name == headers::TOKEN.as_bytes()
+        || name == DEV_IDENTITY_HEADER.as_bytes()
+        || name == crate::identity::jwt::BOOTSTRAP_JWT_HEADER.as_bytes()
+        || name.starts_with(headers::VERIFIED_PREFIX.as_bytes())
 }
 
-/// The request the sidecar gets: same method, path and body; the upstream's
-/// scheme and authority; the agent's headers minus hop-by-hop ones, the token
-/// and any `spinlink-verified-*` claims; the gateway's verified headers added.
-fn upstream_request(
-    req: Request<Incoming>,
+/// Counts and logs a stream carried to the sidecar at `upstream`.
+pub fn log_carried(shared: &Shared, identity: &str, account: &str, method: &str, upstream: &str) {
+    shared.stats.incr(Counter::StreamsForwarded);
+    tracing::info!(identity, account, method, upstream, "stream carried");
+}
+
+/// [`upstream_fields`] for an admitted stream of `peer`; a head that
+/// cannot be sent is logged and becomes the `Internal` status to answer.
+pub fn upstream_head(
+    method: &str,
+    path: &str,
+    headers: &[(&[u8], &[u8])],
+    target: &Target,
+    peer: &AgentPeer,
+    admitted: &Admitted,
+) -> Result<Fields, Status> {
+    upstream_fields(
+        method,
+        path,
+        headers,
+        target,
+        &peer.identity,
+        &admitted.verified,
+    )
+    .map_err(|message| {
+        tracing::warn!(
+            identity = &*peer.identity,
+            account = admitted.key,
+            method = path,
+            message,
+            "stream not forwardable"
+        );
+        Status::internal(message)
+    })
+}
+
+/// The head the sidecar gets, as HTTP/2 fields: the same method and path;
+/// the upstream's scheme and authority; the agent's headers minus those
+/// [`dropped`] names; the verified identity and `verified` headers added.
+/// `headers` are the agent's regular (non-pseudo) fields.
+pub fn upstream_fields<'a>(
+    method: &str,
+    path: &str,
+    headers: &[(&'a [u8], &'a [u8])],
     target: &Target,
     identity: &str,
-    verified: &[(&'static str, &str)],
-) -> Result<Request<RequestBody>, String> {
-    let (parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let uri = Uri::builder()
-        .scheme(target.scheme().clone())
-        .authority(target.authority().clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|e| format!("building upstream URI: {e}"))?;
+    verified: &[(&'static str, String)],
+) -> Result<Fields, String> {
+    let value = |v: &str| {
+        HeaderValue::from_str(v)
+            .map(|_| Bytes::copy_from_slice(v.as_bytes()))
+            .map_err(|_| format!("{v:?} cannot be sent as a header value"))
+    };
     // Names the `Connection` header lists are hop-by-hop as well.
-    let listed: Vec<HeaderName> = parts
-        .headers
-        .get_all(header::CONNECTION)
+    let listed: Vec<&[u8]> = headers
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .filter(|(n, _)| *n == b"connection")
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(|n| n.trim_ascii())
         .collect();
-    let mut out = HeaderMap::with_capacity(parts.headers.len() + 2);
-    for (name, value) in &parts.headers {
-        if !dropped(name, value, &listed) {
-            out.append(name.clone(), value.clone());
+    let mut fields = Fields::with_capacity(12);
+    fields.push((
+        Bytes::from_static(b":method"),
+        Bytes::copy_from_slice(method.as_bytes()),
+    ));
+    fields.push((
+        Bytes::from_static(b":scheme"),
+        Bytes::copy_from_slice(target.scheme().as_str().as_bytes()),
+    ));
+    fields.push((
+        Bytes::from_static(b":authority"),
+        Bytes::copy_from_slice(target.authority().as_str().as_bytes()),
+    ));
+    fields.push((
+        Bytes::from_static(b":path"),
+        Bytes::copy_from_slice(path.as_bytes()),
+    ));
+    for &(name, v) in headers {
+        if !dropped(name, v, &listed) {
+            fields.push((Bytes::copy_from_slice(name), Bytes::copy_from_slice(v)));
         }
     }
-    let value = |v: &str| {
-        HeaderValue::from_str(v).map_err(|_| format!("{v:?} cannot be sent as a header value"))
-    };
-    out.insert(headers::VERIFIED_IDENTITY, value(identity)?);
+    fields.push((
+        Bytes::from_static(headers::VERIFIED_IDENTITY.as_bytes()),
+        value(identity)?,
+    ));
     for (name, v) in verified {
-        out.insert(*name, value(v)?);
+        fields.push((Bytes::from_static(name.as_bytes()), value(v)?));
     }
-
-    let body: RequestBody = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
-    let mut upstream = Request::new(body);
-    *upstream.method_mut() = parts.method;
-    *upstream.uri_mut() = uri;
-    *upstream.version_mut() = Version::HTTP_2;
-    *upstream.headers_mut() = out;
-    Ok(upstream)
+    Ok(fields)
 }
 
 /// The sidecar's response body, passed through frame by frame. If the
 /// upstream stream breaks midway the agent gets `Unavailable` trailers rather
-/// than a bare reset, so it can tell "sidecar gone" from "gateway bug".
+/// than a bare reset, so it can tell "sidecar gone" (reopen the stream) from
+/// "gateway bug".
 struct UpstreamBody {
-    /// Taken (and so reset towards the sidecar) when the instance goes.
-    inner: Option<Incoming>,
-    url: String,
+    inner: BridgeBody,
     failed: bool,
     /// Sidecar → agent bytes.
     down: prometheus_client::metrics::counter::Counter,
-    stats: std::sync::Arc<Stats>,
-    label: UpstreamLabel,
-    /// Ready when the instance left the set or rotation.
-    gone: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    _carried: crate::upstream::Carried,
     _lease: Lease,
     _slot: Slot<std::sync::Arc<str>>,
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        self.stats
-            .metrics()
-            .streams_open
-            .get_or_create(&self.label)
-            .dec();
-        self.stats.notify();
-    }
 }
 
 impl http_body::Body for UpstreamBody {
@@ -431,12 +497,7 @@ impl http_body::Body for UpstreamBody {
         if self.failed {
             return Poll::Ready(None);
         }
-        let Some(inner) = self.inner.as_mut() else {
-            return Poll::Ready(None);
-        };
-        // The sidecar's frames first: `gone` is polled (which takes the
-        // cancellation token's lock) only when there is nothing to pass on.
-        match Pin::new(inner).poll_frame(cx) {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.down.inc_by(data.len() as u64);
@@ -445,27 +506,21 @@ impl http_body::Body for UpstreamBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.failed = true;
-                tracing::info!(upstream = %self.url, error = %e, "upstream stream broke");
-                let trailers = status::trailers(&Status::unavailable("upstream stream broke"));
+                tracing::info!(error = %e, "upstream stream broke");
+                let message = match e {
+                    BridgeError::Unavailable(m) => m,
+                    other => format!("upstream stream broke: {other}"),
+                };
+                let trailers = status::trailers(&Status::unavailable(message));
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending if self.gone.as_mut().poll(cx).is_ready() => {
-                // Retryable: the agent reopens the stream, on the new owner.
-                self.failed = true;
-                self.inner = None;
-                tracing::info!(upstream = %self.url, "upstream instance gone; stream ended");
-                let trailers = status::trailers(&Status::unavailable(
-                    "upstream instance gone; reopen the stream",
-                ));
-                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
-            }
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.failed || self.inner.as_ref().is_none_or(|i| i.is_end_stream())
+        self.failed || self.inner.is_end_stream()
     }
 }
 
@@ -475,13 +530,7 @@ mod tests {
 
     #[test]
     fn drops_hop_by_hop_token_and_claims() {
-        let keep = |n: &str, v: &str| {
-            !dropped(
-                &HeaderName::try_from(n).unwrap(),
-                &HeaderValue::from_str(v).unwrap(),
-                &[HeaderName::from_static("x-listed")],
-            )
-        };
+        let keep = |n: &str, v: &str| !dropped(n.as_bytes(), v.as_bytes(), &[b"x-listed"]);
         assert!(keep("content-type", "application/grpc"));
         assert!(keep("te", "trailers"));
         assert!(keep("spinlink-account", "dev"));

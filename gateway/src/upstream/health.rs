@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Version, header};
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Instance, RequestBody, UpstreamSet};
+use super::{Instance, UpstreamSet};
+use crate::relay::link::Fields;
 
 /// Default seconds between health checks of each instance.
 pub const DEFAULT_INTERVAL_SECONDS: u64 = 5;
@@ -137,33 +137,37 @@ impl HealthChecker {
     async fn check(&self, instance: &Instance) -> bool {
         let upstream = instance.upstream();
         let target = upstream.target();
-        let uri = format!(
-            "{}://{}{}",
-            target.scheme(),
-            target.authority(),
-            self.config.path
-        );
+        let fields: Fields = vec![
+            (Bytes::from_static(b":method"), Bytes::from_static(b"POST")),
+            (
+                Bytes::from_static(b":scheme"),
+                Bytes::copy_from_slice(target.scheme().as_str().as_bytes()),
+            ),
+            (
+                Bytes::from_static(b":authority"),
+                Bytes::copy_from_slice(target.authority().as_str().as_bytes()),
+            ),
+            (
+                Bytes::from_static(b":path"),
+                Bytes::copy_from_slice(self.config.path.as_bytes()),
+            ),
+            (
+                Bytes::from_static(b"content-type"),
+                Bytes::from_static(b"application/grpc"),
+            ),
+            (Bytes::from_static(b"te"), Bytes::from_static(b"trailers")),
+        ];
         // An empty gRPC message: no compression flag, length 0.
-        let body: RequestBody = Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]))
-            .map_err(|never| match never {})
-            .boxed_unsync();
-        let Ok(req) = Request::builder()
-            .method(Method::POST)
-            .uri(uri)
-            .version(Version::HTTP_2)
-            .header(header::CONTENT_TYPE, "application/grpc")
-            .header(header::TE, "trailers")
-            .body(body)
-        else {
-            return false;
-        };
+        let body = Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]));
         let timeout = Duration::from_secs(self.config.timeout_seconds.max(1));
-        match tokio::time::timeout(timeout, upstream.send(req)).await {
+        match tokio::time::timeout(timeout, upstream.send(fields, body)).await {
             Ok(Ok(response)) => {
                 let ok = response.status() == http::StatusCode::OK;
                 if !ok {
                     tracing::debug!(upstream = target.url(), status = %response.status(), "health check failed");
                 }
+                // Read to the end, so the stream closes cleanly.
+                let _ = response.into_body().collect().await;
                 ok
             }
             Ok(Err(e)) => {

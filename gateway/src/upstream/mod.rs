@@ -4,36 +4,33 @@
 //! bounded load), and [`health`] checks and outlier ejection taking instances
 //! out of rotation. Here: per instance an [`Upstream`], a small pool of
 //! long-lived connections (mTLS for `https://`, h2c with prior knowledge for
-//! `http://`), dialled lazily and again when one closes. Many agent streams
-//! multiplex on each connection; HTTP/2 flow control is per stream, so one
-//! slow account does not stall the others.
+//! `http://`), dialled lazily and again when one closes or stops taking
+//! streams. Many agent streams multiplex on each connection; HTTP/2 flow
+//! control is per stream, so one slow account does not stall the others.
 
 pub mod discovery;
 pub mod health;
 pub mod set;
 
-pub use set::{Instance, Lease, UpstreamSet};
+pub use set::{Carried, Instance, Lease, UpstreamSet};
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
+use http::Response;
+use http::uri::{Authority, Scheme, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::Incoming;
-use hyper::client::conn::http2::{self, SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
-use tokio::sync::Mutex;
 use tokio_rustls::TlsConnector;
 
 use crate::config::UpstreamTlsConfig;
+use crate::relay::bridge::{Bridge, BridgeBody};
+use crate::relay::link::{Fields, Link, Route, Side};
 
-/// How long dialling a sidecar (TCP, TLS and HTTP/2 handshakes) may take.
+/// How long dialling a sidecar (TCP and TLS handshakes) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Interval of HTTP/2 PINGs on upstream connections.
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
@@ -77,29 +74,26 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The HTTP/2 handshake failed.
-    #[error("HTTP/2 handshake with {url}: {source}")]
-    Http2Handshake {
-        /// The upstream.
-        url: String,
-        /// The hyper error.
-        #[source]
-        source: hyper::Error,
-    },
     /// Dialling took longer than [`DEFAULT_CONNECT_TIMEOUT`].
     #[error("connecting to {url}: timed out")]
     ConnectTimeout {
         /// The upstream.
         url: String,
     },
-    /// The request could not be sent or its response head not received.
+    /// No pooled connection takes new streams.
+    #[error("{url}: no connection takes new streams")]
+    Unavailable {
+        /// The upstream.
+        url: String,
+    },
+    /// The response head did not arrive.
     #[error("request to {url}: {source}")]
     Send {
         /// The upstream.
         url: String,
-        /// The hyper error.
+        /// Why.
         #[source]
-        source: hyper::Error,
+        source: crate::relay::bridge::BridgeError,
     },
 }
 
@@ -255,13 +249,20 @@ impl UpstreamTls {
     }
 }
 
-/// A pool of HTTP/2 connections to one sidecar.
+/// What a stream's outcome is reported to (the instance's health): `true`
+/// when its response head arrived, `false` when it failed before one.
+pub type Outcome = Arc<dyn Fn(bool) + Send + Sync>;
+
+/// A pool of HTTP/2 connections to one sidecar, each driven by the relay's
+/// client task ([`crate::relay::client`]).
 pub struct Upstream {
     target: Target,
     tls: Option<(TlsConnector, ServerName<'static>)>,
-    slots: Box<[Mutex<Option<SendRequest<RequestBody>>>]>,
+    slots: Box<[Mutex<Option<Arc<Link>>>]>,
     next: AtomicUsize,
     connections: Option<prometheus_client::metrics::gauge::Gauge>,
+    outcome: std::sync::OnceLock<Outcome>,
+    bytes_down: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -304,6 +305,8 @@ impl Upstream {
             slots,
             next: AtomicUsize::new(0),
             connections: None,
+            outcome: std::sync::OnceLock::new(),
+            bytes_down: None,
         })
     }
 
@@ -317,128 +320,140 @@ impl Upstream {
         self
     }
 
+    /// Counts sidecar → agent bytes in `counter`.
+    #[must_use]
+    pub fn with_bytes_counter(
+        mut self,
+        counter: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.bytes_down = Some(counter);
+        self
+    }
+
+    /// Reports every stream's outcome to `outcome` (set once).
+    pub fn set_outcome(&self, outcome: Outcome) {
+        let _ = self.outcome.set(outcome);
+    }
+
     /// Where this pool connects.
     pub fn target(&self) -> &Target {
         &self.target
     }
 
-    /// Drops the pool's connections: streams in flight finish, the
-    /// connections close once they have none.
-    pub async fn close(&self) {
-        for slot in &*self.slots {
-            slot.lock().await.take();
-        }
-    }
-
-    /// Sends `req` on one of the pool's connections and returns the response
-    /// head with its streaming body. A request that could not be written
-    /// because its connection had just closed is retried once on a fresh one.
-    pub async fn send(&self, req: Request<RequestBody>) -> Result<Response<Incoming>> {
+    /// A connection that takes new streams: the next slot's, or a new one
+    /// dialled in its place (the old one serves its open streams and closes
+    /// when they are done).
+    pub fn link(&self) -> Arc<Link> {
         let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
-        let mut sender = self.sender(slot).await?;
-        let req = match sender.try_send_request(req).await {
-            Ok(response) => return Ok(response),
-            Err(mut e) => match e.take_message() {
-                Some(req) => req,
-                None => return Err(self.send_error(e.into_error())),
-            },
-        };
-        let mut sender = self.sender(slot).await?;
-        sender
-            .send_request(req)
-            .await
-            .map_err(|e| self.send_error(e))
-    }
-
-    fn send_error(&self, source: hyper::Error) -> Error {
-        Error::Send {
-            url: self.target.url.clone(),
-            source,
+        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(link) = held.as_ref() {
+            if link.is_usable() {
+                return link.clone();
+            }
+            link.refuse_new();
         }
+        let link = self.dial();
+        *held = Some(link.clone());
+        link
     }
 
-    /// A live sender of `slot`, dialling when it has none or its connection
-    /// closed. The slot's lock is held while dialling so that concurrent
-    /// streams wait for one dial instead of each making their own.
-    async fn sender(
-        &self,
-        slot: &Mutex<Option<SendRequest<RequestBody>>>,
-    ) -> Result<SendRequest<RequestBody>> {
-        let mut held = slot.lock().await;
-        if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
-            return Ok(sender.clone());
-        }
-        *held = None;
-        let sender = tokio::time::timeout(DEFAULT_CONNECT_TIMEOUT, self.dial())
-            .await
-            .map_err(|_| Error::ConnectTimeout {
-                url: self.target.url.clone(),
-            })??;
-        *held = Some(sender.clone());
-        Ok(sender)
-    }
-
-    async fn dial(&self) -> Result<SendRequest<RequestBody>> {
-        let url = &self.target.url;
-        let tcp = TcpStream::connect((self.target.host.as_str(), self.target.port))
-            .await
-            .map_err(|source| Error::Connect {
-                url: url.clone(),
-                source,
-            })?;
-        tcp.set_nodelay(true).map_err(|source| Error::Connect {
-            url: url.clone(),
-            source,
-        })?;
-        match &self.tls {
-            None => self.handshake(tcp).await,
-            Some((connector, name)) => {
-                let tls = connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map_err(|source| Error::TlsHandshake {
-                        url: url.clone(),
-                        source,
-                    })?;
-                self.handshake(tls).await
+    /// Opens a stream with `fields` answered into `route`, on a pooled
+    /// connection; a connection that just stopped taking streams is replaced
+    /// once.
+    pub fn open(&self, fields: &Fields, end: bool, route: Route) -> Option<(Arc<Link>, u32)> {
+        for _ in 0..2 {
+            let link = self.link();
+            if let Some(id) = link.open(fields, end, route.clone()) {
+                return Some((link, id));
             }
         }
+        None
     }
 
-    async fn handshake<I>(&self, io: I) -> Result<SendRequest<RequestBody>>
+    /// Starts a connection: its link at once (streams may be opened on it
+    /// while it dials), its task in the background.
+    fn dial(&self) -> Arc<Link> {
+        let local = crate::relay::client::local();
+        let link = Link::new(
+            Side::Client,
+            Arc::from(self.target.url.as_str()),
+            local.preamble(Side::Client),
+            spinlink_http2::hpack::Encoder::new(crate::relay::client::ENCODER_TABLE),
+        );
+        tokio::spawn(crate::relay::client::run(crate::relay::client::Dial {
+            link: link.clone(),
+            target: self.target.clone(),
+            tls: self.tls.clone(),
+            local,
+            outcome: self.outcome.get().cloned(),
+            gauge: self.connections.clone(),
+            bytes: self.bytes_down.clone(),
+        }));
+        link
+    }
+
+    /// Sends a request (`fields` and `body`) on the pool and returns the
+    /// response head with its streaming body (the gateway's own requests:
+    /// health checks, and tunnel streams of ingress connections).
+    pub async fn send<B>(&self, fields: Fields, body: B) -> Result<Response<BridgeBody>>
     where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: std::fmt::Display + Send + 'static,
     {
-        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|source| Error::Http2Handshake {
+        let bridge = Bridge::new(false);
+        let end = body.is_end_stream();
+        let route = Route {
+            sink: bridge.clone(),
+            id: 0,
+        };
+        let Some((link, id)) = self.open(&fields, end, route) else {
+            return Err(Error::Unavailable {
                 url: self.target.url.clone(),
-                source,
-            })?;
-        let url = self.target.url.clone();
-        let gauge = self.connections.clone();
-        if let Some(g) = &gauge {
-            g.inc();
+            });
+        };
+        link.set_source(
+            id,
+            Route {
+                sink: bridge.clone(),
+                id: 0,
+            },
+        );
+        let source = Route {
+            sink: link.clone(),
+            id,
+        };
+        if !end {
+            let writer = bridge.clone();
+            tokio::spawn(async move {
+                let _ = writer.write_body(&link, id, body).await;
+            });
         }
-        // The connection task ends when the peer closes, a PING times out, or
-        // every sender (the pool's and in-flight streams') is gone.
-        tokio::spawn(async move {
-            let result = connection.await;
-            if let Some(g) = gauge {
-                g.dec();
+        bridge.response(source).await.map_err(|e| Error::Send {
+            url: self.target.url.clone(),
+            source: e,
+        })
+    }
+
+    /// Ends every stream carried on the pool with `Unavailable` (`message`):
+    /// the instance left the set or rotation; agents reopen elsewhere.
+    pub fn end_streams(&self, message: &'static str) {
+        for slot in &*self.slots {
+            let link = slot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(link) = link {
+                link.fail_all(message);
             }
-            match result {
-                Ok(()) => tracing::debug!(upstream = %url, "upstream connection closed"),
-                Err(e) => tracing::info!(upstream = %url, error = %e, "upstream connection ended"),
+        }
+    }
+
+    /// Lets the pool's connections go: streams in flight finish, the
+    /// connections close once they have none.
+    pub fn close(&self) {
+        for slot in &*self.slots {
+            if let Some(link) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                link.refuse_new();
+                link.wake();
             }
-        });
-        tracing::debug!(upstream = %self.target.url, "upstream connection established");
-        Ok(sender)
+        }
     }
 }
 
@@ -493,18 +508,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unreachable_upstream_is_a_connect_error() {
+    async fn unreachable_upstream_is_unavailable() {
         // Bind then drop a listener so the port is (almost certainly) closed.
         let addr = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
         let up = Upstream::new(Target::parse(&format!("http://{addr}")).unwrap(), None, 1).unwrap();
-        let req = Request::builder()
-            .uri(format!("http://{addr}/x"))
-            .body(RequestBody::default())
-            .unwrap();
-        let err = up.send(req).await.unwrap_err();
-        assert!(matches!(err, Error::Connect { .. }), "{err}");
+        let fields = vec![
+            (Bytes::from_static(b":method"), Bytes::from_static(b"POST")),
+            (Bytes::from_static(b":scheme"), Bytes::from_static(b"http")),
+            (Bytes::from_static(b":path"), Bytes::from_static(b"/x")),
+        ];
+        let err = up
+            .send(fields, http_body_util::Empty::<Bytes>::new())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unavailable"), "{err}");
     }
 }

@@ -118,6 +118,22 @@ pub struct Instance {
     accounts: Mutex<usize>,
     accounts_gauge: Gauge,
     available_gauge: Gauge,
+    /// Streams carried to it, in all and open now (taken once, not looked
+    /// up per stream).
+    streams_total: prometheus_client::metrics::counter::Counter,
+    streams_open: Gauge,
+}
+
+/// One stream carried to an instance, counted while it is open.
+#[derive(Debug)]
+pub struct Carried {
+    open: Gauge,
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 impl Instance {
@@ -142,11 +158,23 @@ impl Instance {
         self.epoch.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Counts a stream carried to the instance until the guard drops.
+    pub fn carried(&self) -> Carried {
+        self.streams_total.inc();
+        self.streams_open.inc();
+        Carried {
+            open: self.streams_open.clone(),
+        }
+    }
+
     /// Ends every stream carried to the instance so far (with `Unavailable`).
     fn retire(&self, why: &str) {
         let mut epoch = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
         epoch.cancel();
         *epoch = CancellationToken::new();
+        // Retryable: the agents reopen their streams, on another instance.
+        self.upstream
+            .end_streams("upstream instance gone; reopen the stream");
         tracing::info!(
             upstream = self.url(),
             why,
@@ -310,7 +338,7 @@ impl UpstreamSet {
     /// Replaces source `source`'s instances with `targets`. Instances no
     /// source lists any more are retired; new ones are added (nothing is
     /// dialled until a stream or a health check needs it).
-    pub fn update(&self, source: usize, targets: Vec<Target>) {
+    pub fn update(self: &Arc<Self>, source: usize, targets: Vec<Target>) {
         let wanted: BTreeMap<String, Target> = {
             let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(slot) = sources.get_mut(source) {
@@ -335,9 +363,11 @@ impl UpstreamSet {
             }
             let label = Self::label(&url);
             let upstream = match Upstream::new(target, self.tls.as_ref(), self.connections) {
-                Ok(u) => u.with_connection_gauge(
-                    metrics.upstream_connections.get_or_create(&label).clone(),
-                ),
+                Ok(u) => u
+                    .with_connection_gauge(
+                        metrics.upstream_connections.get_or_create(&label).clone(),
+                    )
+                    .with_bytes_counter(metrics.bytes_counter(false)),
                 Err(e) => {
                     tracing::warn!(upstream = %url, error = %e, "upstream instance skipped");
                     continue;
@@ -357,11 +387,26 @@ impl UpstreamSet {
                 accounts: Mutex::new(0),
                 accounts_gauge: metrics.upstream_accounts.get_or_create(&label).clone(),
                 available_gauge: metrics.upstream_available.get_or_create(&label).clone(),
+                streams_total: metrics.streams.get_or_create(&label).clone(),
+                streams_open: metrics.streams_open.get_or_create(&label).clone(),
                 label,
             };
             instance.available_gauge.set(1);
             tracing::info!(upstream = %url, "upstream instance added");
-            next.push(Arc::new(instance));
+            let instance = Arc::new(instance);
+            // Streams that fail to open count towards ejection; one that
+            // gets its answer clears the count.
+            let (set, weak) = (Arc::downgrade(self), Arc::downgrade(&instance));
+            instance.upstream.set_outcome(Arc::new(move |ok| {
+                if let (Some(set), Some(instance)) = (set.upgrade(), weak.upgrade()) {
+                    if ok {
+                        set.stream_ok(&instance);
+                    } else {
+                        set.stream_failed(&instance);
+                    }
+                }
+            }));
+            next.push(instance);
         }
         let removed: Vec<Arc<Instance>> = old
             .iter()
@@ -380,10 +425,8 @@ impl UpstreamSet {
             metrics.upstream_accounts.remove(&instance.label);
             metrics.upstream_available.remove(&instance.label);
             metrics.upstream_connections.remove(&instance.label);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let instance = instance.clone();
-                runtime.spawn(async move { instance.upstream.close().await });
-            }
+            metrics.streams_open.remove(&instance.label);
+            instance.upstream.close();
         }
         self.changed.send_modify(|n| *n += 1);
         self.stats.notify();
@@ -464,6 +507,7 @@ impl UpstreamSet {
     /// Records a stream that could not be opened on `instance`; enough in a
     /// row eject it (outlier detection).
     pub fn stream_failed(&self, instance: &Instance) {
+        self.stats.incr(crate::admin::Counter::UpstreamUnavailable);
         let outlier = &self.config.outlier;
         let ejected = {
             let mut h = instance.health.lock().unwrap_or_else(|e| e.into_inner());

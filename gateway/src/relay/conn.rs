@@ -1,0 +1,1041 @@
+//! The task that drives one HTTP/2 connection, on either side ([`Role`]):
+//! it reads and checks frames, keeps the receive windows, forwards each
+//! stream's headers and data to where its [`Target`] says, and writes what
+//! its [`Link`] collected. Both the agent-facing server connections and the
+//! sidecar-facing client connections run this loop; what differs — who opens
+//! streams, what a failure looks like, the timers — is the role's.
+//!
+//! One `poll` does, in order: take what other tasks left (credits, ended
+//! streams, new routes); the role's signals (drain, idle, age); read and
+//! handle frames (bounded, for fairness, and paused while too much waits to
+//! be written); write. It never blocks reading on writing or the reverse.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use spinlink_http2::frame::{self, Frame, FrameError, HEAD_LEN, Head, Reason, Settings};
+use spinlink_http2::hpack::{self, Decoder};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+
+use super::link::{Deliver, Ended, Failure, Fields, Link, Route, Side};
+
+/// Most bytes read and handled in one poll before yielding to other tasks.
+const READ_BUDGET: usize = 256 * 1024;
+/// Read size; the buffer grows to this when a read finds it short.
+const READ_CHUNK: usize = 16 * 1024;
+/// While more than this waits to be written, the connection reads nothing
+/// (a peer that sends PINGs or SETTINGS without reading the answers).
+const MAX_WRITE_BACKLOG: usize = 4 * 1024 * 1024;
+/// Largest header block assembled from HEADERS and CONTINUATION frames.
+const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Bytes of one connection's received data that may wait at the other side
+/// before its connection window stops being granted again.
+const MAX_HELD: usize = 8 * 1024 * 1024;
+/// How long the connection may sit without a frame before housekeeping gives
+/// its read and write buffers back.
+const HOUSEKEEPING: Duration = Duration::from_secs(5);
+
+/// What this side announces in its SETTINGS, and the windows it grants.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS (server side).
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_INITIAL_WINDOW_SIZE: each stream's receive window.
+    pub stream_window: u32,
+    /// The connection's receive window.
+    pub conn_window: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE.
+    pub max_header_list_size: u32,
+    /// SETTINGS_HEADER_TABLE_SIZE.
+    pub header_table_size: u32,
+    /// Interval of keepalive PINGs.
+    pub keepalive: Duration,
+    /// How long a PING may go unanswered.
+    pub keepalive_timeout: Duration,
+}
+
+impl Local {
+    /// The SETTINGS frame, and the WINDOW_UPDATE that raises the connection
+    /// window from its default, as one preamble.
+    pub fn preamble(&self, side: Side) -> BytesMut {
+        let mut out = BytesMut::with_capacity(64);
+        if side == Side::Client {
+            out.extend_from_slice(frame::PREFACE);
+        }
+        Settings {
+            header_table_size: Some(self.header_table_size),
+            enable_push: (side == Side::Client).then_some(false),
+            max_concurrent_streams: (side == Side::Server).then_some(self.max_concurrent_streams),
+            initial_window_size: Some(self.stream_window),
+            max_frame_size: None,
+            max_header_list_size: Some(self.max_header_list_size),
+        }
+        .write(&mut out);
+        let raise = self.conn_window.saturating_sub(frame::DEFAULT_WINDOW);
+        if raise > 0 {
+            frame::write_window_update(&mut out, 0, raise);
+        }
+        out
+    }
+}
+
+/// Where a received stream's frames go.
+#[derive(Debug)]
+pub enum Target {
+    /// Forwarded to another connection or a bridge.
+    Route(Route),
+    /// Read and dropped (a refused stream, the `Control` request).
+    Discard,
+}
+
+/// The receiving half of one stream.
+pub struct InStream {
+    /// What the peer may still send on it.
+    window: i64,
+    /// Bytes consumed and not yet granted again.
+    unreleased: u32,
+    /// Bytes forwarded that wait at the other side, not yet credited.
+    held: usize,
+    /// END_STREAM arrived (or reading stopped).
+    recv_closed: bool,
+    /// Whether a header block arrived (the request, or the response head).
+    head_seen: bool,
+    /// Where its frames go.
+    pub target: Target,
+    /// Held for the stream's life and dropped with it (the server's stream
+    /// slot, lease and gauge).
+    pub guard: Option<Box<dyn Send + Sync>>,
+}
+
+impl InStream {
+    /// A stream receiving into `target` with `window` granted.
+    pub fn new(target: Target, window: u32) -> Self {
+        Self {
+            window: i64::from(window),
+            unreleased: 0,
+            held: 0,
+            recv_closed: false,
+            head_seen: false,
+            target,
+            guard: None,
+        }
+    }
+
+    /// Keeps `guard` until the stream is gone.
+    #[must_use]
+    pub fn with_guard(mut self, guard: Box<dyn Send + Sync>) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// Marks the request as wholly received (it came with END_STREAM).
+    #[must_use]
+    pub fn recv_closed(mut self, closed: bool) -> Self {
+        self.recv_closed = closed;
+        self.head_seen = true;
+        self
+    }
+}
+
+/// What the role tells the connection to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Nothing.
+    None,
+    /// Send GOAWAY: no new streams; close once the open ones are done.
+    GoAway,
+    /// Close now.
+    Close,
+}
+
+/// The side-specific parts of a connection.
+pub trait Role: Send + 'static {
+    /// Server or client.
+    const SIDE: Side;
+
+    /// Server side: the head of a stream the peer opened. Returns the stream,
+    /// having written any immediate answer into `link`.
+    fn open(&mut self, link: &Arc<Link>, id: u32, fields: Fields, end_stream: bool) -> InStream;
+
+    /// Client side: whether a stream got its response head (`true`) or
+    /// failed before it (`false`), for the instance's health.
+    fn answered(&mut self, _ok: bool) {}
+
+    /// Server side: a stream ended by the peer's RST_STREAM (rapid-reset
+    /// accounting). `false` closes the connection.
+    fn peer_reset(&mut self) -> bool {
+        true
+    }
+
+    /// What the connection's task should do now: drain, idle, age signals.
+    /// Registers wakeups for the next one with `cx`.
+    fn poll_signal(
+        &mut self,
+        cx: &mut Context<'_>,
+        open_streams: usize,
+        link: &Arc<Link>,
+    ) -> Signal;
+
+    /// What the other halves of this connection's streams are told when the
+    /// connection (or one stream here) dies.
+    fn failure(&self) -> Failure;
+}
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// Reading or writing failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke the protocol; GOAWAY was sent with this code.
+    #[error("protocol: {0} ({1})")]
+    Protocol(Reason, &'static str),
+    /// The peer sent GOAWAY with an error code.
+    #[error("peer sent GOAWAY {0}")]
+    PeerGoAway(Reason),
+    /// A keepalive PING went unanswered.
+    #[error("keepalive timed out")]
+    KeepaliveTimeout,
+    /// The client did not start with the HTTP/2 preface (e.g. HTTP/1.1).
+    #[error("not HTTP/2: bad connection preface")]
+    Preface,
+}
+
+/// An HTTP/2 connection being driven.
+pub struct Conn<IO, R> {
+    io: IO,
+    link: Arc<Link>,
+    role: R,
+    local: Local,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    /// Server side: bytes of the client preface still to check.
+    preface_left: usize,
+    decoder: Decoder,
+    /// A header block awaiting its CONTINUATION frames.
+    partial: Option<(u32, BytesMut, bool)>,
+    streams: HashMap<u32, InStream>,
+    /// Server side: the highest stream id the peer opened.
+    last_peer_id: u32,
+    /// What the peer may still send on the connection.
+    recv_window: i64,
+    /// Received and not yet granted again (connection level).
+    conn_unreleased: u32,
+    /// Bytes of this connection's received data held at other sides.
+    held: usize,
+    /// Whether the peer's first SETTINGS arrived.
+    settings_seen: bool,
+    /// The PING awaiting its answer and when it went out.
+    ping_sent: Option<Instant>,
+    next_ping: Instant,
+    last_frame: Instant,
+    timer: Pin<Box<Sleep>>,
+    /// GOAWAY sent: new streams are refused.
+    goaway_sent: bool,
+    /// The peer's GOAWAY: no new streams above this id.
+    goaway_received: Option<u32>,
+    /// Set when the connection must end after writing what is pending.
+    closing: Option<Result<(), ConnError>>,
+    scratch_credits: Vec<(u32, usize)>,
+    scratch_ended: Vec<Ended>,
+    scratch_opened: Vec<(u32, Route)>,
+    /// Data bytes forwarded (for the bytes metric; taken by the owner).
+    forwarded: u64,
+    /// [`Conn::shut`] ran.
+    shut_done: bool,
+}
+
+impl<IO, R> Conn<IO, R>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    R: Role,
+{
+    /// A connection over `io` whose sending side is `link` (created with
+    /// [`Local::preamble`] for this side). Server side: `first` is what was
+    /// already read from `io`.
+    pub fn new(io: IO, link: Arc<Link>, role: R, local: Local, first: Bytes) -> Self {
+        let now = Instant::now();
+        let mut rbuf = BytesMut::new();
+        rbuf.extend_from_slice(&first);
+        Self {
+            io,
+            link,
+            role,
+            local,
+            rbuf,
+            wbuf: BytesMut::new(),
+            preface_left: if R::SIDE == Side::Server {
+                frame::PREFACE.len()
+            } else {
+                0
+            },
+            decoder: Decoder::new(local.header_table_size as usize),
+            partial: None,
+            streams: HashMap::new(),
+            last_peer_id: 0,
+            recv_window: i64::from(local.conn_window.max(frame::DEFAULT_WINDOW)),
+            conn_unreleased: 0,
+            held: 0,
+            settings_seen: false,
+            ping_sent: None,
+            next_ping: now + local.keepalive,
+            last_frame: now,
+            timer: Box::pin(tokio::time::sleep_until(
+                now + HOUSEKEEPING.min(local.keepalive),
+            )),
+            goaway_sent: false,
+            goaway_received: None,
+            closing: None,
+            scratch_credits: Vec::new(),
+            scratch_ended: Vec::new(),
+            scratch_opened: Vec::new(),
+            forwarded: 0,
+            shut_done: false,
+        }
+    }
+
+    /// Whether the connection is ending (writing its last frames).
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_some()
+    }
+
+    /// Streams open on the connection.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Data bytes forwarded since the last call.
+    pub fn take_forwarded(&mut self) -> u64 {
+        std::mem::take(&mut self.forwarded)
+    }
+
+    /// The role, for its owner.
+    pub fn role_mut(&mut self) -> &mut R {
+        &mut self.role
+    }
+
+    fn error(&mut self, reason: Reason, why: &'static str) {
+        if self.closing.is_none() {
+            frame::write_goaway(
+                self.link.lock().buf_mut(),
+                self.last_peer_id,
+                reason,
+                why.as_bytes(),
+            );
+            self.closing = Some(Err(ConnError::Protocol(reason, why)));
+        }
+    }
+
+    /// Takes what other tasks left: credits, ended streams, new routes.
+    fn take_shared(&mut self) {
+        let fail_all = {
+            let mut out = self.link.lock();
+            out.begin_poll();
+            out.take_credits(&mut self.scratch_credits);
+            out.take_ended(&mut self.scratch_ended);
+            out.take_opened(&mut self.scratch_opened);
+            out.take_fail_all()
+        };
+        for (id, route) in std::mem::take(&mut self.scratch_opened) {
+            self.streams.insert(
+                id,
+                InStream::new(Target::Route(route), self.local.stream_window),
+            );
+        }
+        let mut credits = std::mem::take(&mut self.scratch_credits);
+        for (id, n) in credits.drain(..) {
+            if let Some(s) = self.streams.get_mut(&id) {
+                let n = n.min(s.held);
+                s.held -= n;
+                self.held -= n;
+                s.unreleased = s.unreleased.saturating_add(n as u32);
+            }
+        }
+        self.scratch_credits = credits;
+        let mut ended = std::mem::take(&mut self.scratch_ended);
+        for e in ended.drain(..) {
+            self.sending_ended(e);
+        }
+        self.scratch_ended = ended;
+        if let Some(message) = fail_all {
+            let ids: Vec<u32> = self.streams.keys().copied().collect();
+            for id in ids {
+                self.send_reset(id, Reason::CANCEL);
+                self.remove(id, Some(Failure::Unavailable(message.into())));
+            }
+        }
+        self.release_windows();
+    }
+
+    /// Stream `e.id`'s sending half closed.
+    fn sending_ended(&mut self, e: Ended) {
+        let Some(s) = self.streams.get(&e.id) else {
+            return;
+        };
+        if e.reset {
+            // We reset it: the peer's half is dead too.
+            self.remove(e.id, Some(Failure::Cancel));
+        } else if s.recv_closed {
+            self.remove(e.id, None);
+        } else if R::SIDE == Side::Server {
+            // The answer is complete while the request still streams: ask
+            // the agent to stop sending (RFC 9113 §8.1) and let the sidecar's
+            // half go.
+            frame::write_reset(self.link.lock().buf_mut(), e.id, Reason::NO_ERROR);
+            self.remove(e.id, Some(Failure::Cancel));
+        }
+        // Client side: the request is sent; the response goes on.
+    }
+
+    /// Removes stream `id`, telling its target `failure` if any.
+    fn remove(&mut self, id: u32, failure: Option<Failure>) {
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        self.held -= s.held;
+        if let (Some(f), Target::Route(route)) = (failure, &s.target) {
+            route.sink.fail(route.id, f);
+        }
+        if R::SIDE == Side::Client && !s.head_seen {
+            self.role.answered(false);
+        }
+    }
+
+    /// Grants windows back where enough was consumed.
+    fn release_windows(&mut self) {
+        let stream_threshold = (self.local.stream_window / 4).max(1);
+        let mut out = None;
+        for (&id, s) in &mut self.streams {
+            if s.unreleased >= stream_threshold && !s.recv_closed {
+                let out = out.get_or_insert_with(|| self.link.lock());
+                frame::write_window_update(out.buf_mut(), id, s.unreleased);
+                s.window += i64::from(s.unreleased);
+                s.unreleased = 0;
+            }
+        }
+        let conn_threshold = (self.local.conn_window / 4).max(1);
+        if self.conn_unreleased >= conn_threshold && self.held <= MAX_HELD {
+            let out = out.get_or_insert_with(|| self.link.lock());
+            frame::write_window_update(out.buf_mut(), 0, self.conn_unreleased);
+            self.recv_window += i64::from(self.conn_unreleased);
+            self.conn_unreleased = 0;
+        }
+    }
+
+    /// Parses and handles the complete frames in the read buffer, leaving
+    /// a partial one for the next read.
+    fn handle_frames(&mut self) {
+        // Taken out so frames can borrow it while `self` is handled mutably.
+        let mut rbuf = std::mem::take(&mut self.rbuf);
+        let mut at = 0;
+        if self.preface_left > 0 {
+            let checked = frame::PREFACE.len() - self.preface_left;
+            let n = self.preface_left.min(rbuf.len());
+            if rbuf[..n] != frame::PREFACE[checked..checked + n] {
+                self.closing = Some(Err(ConnError::Preface));
+                rbuf.clear();
+                self.rbuf = rbuf;
+                return;
+            }
+            self.preface_left -= n;
+            at = n;
+        }
+        if self.preface_left == 0 {
+            self.last_frame = Instant::now();
+        }
+        while self.closing.is_none() && self.preface_left == 0 {
+            let Some(head) = Head::parse(&rbuf[at..]) else {
+                break;
+            };
+            if head.len > frame::DEFAULT_MAX_FRAME_SIZE as usize {
+                self.error(
+                    Reason::FRAME_SIZE_ERROR,
+                    "frame larger than SETTINGS_MAX_FRAME_SIZE",
+                );
+                break;
+            }
+            if rbuf.len() - at < HEAD_LEN + head.len {
+                break;
+            }
+            let start = at + HEAD_LEN;
+            at = start + head.len;
+            // The first frame from the peer must be SETTINGS (§3.4).
+            if !self.settings_seen && head.kind != frame::kind::SETTINGS {
+                self.error(Reason::PROTOCOL_ERROR, "first frame not SETTINGS");
+                break;
+            }
+            self.handle_frame(head, &rbuf[start..at]);
+        }
+        rbuf.advance(at);
+        self.rbuf = rbuf;
+    }
+
+    fn handle_frame(&mut self, head: Head, payload: &[u8]) {
+        if let Some((id, _, _)) = &self.partial
+            && (head.kind != frame::kind::CONTINUATION || head.stream != *id)
+        {
+            return self.error(Reason::PROTOCOL_ERROR, "header block interrupted");
+        }
+        let frame = match Frame::parse(head, payload) {
+            Ok(f) => f,
+            Err(FrameError::Connection(reason, why)) => return self.error(reason, why),
+            Err(FrameError::Stream(id, reason, _)) => return self.stream_error(id, reason),
+        };
+        match frame {
+            Frame::Data {
+                stream,
+                end_stream,
+                data,
+                flow_len,
+            } => self.on_data(stream, data, flow_len, end_stream),
+            Frame::Headers {
+                stream,
+                end_stream,
+                end_headers,
+                block,
+            } => {
+                if end_headers {
+                    self.on_header_block(stream, block, end_stream);
+                } else {
+                    let mut b = BytesMut::with_capacity(block.len() * 2);
+                    b.extend_from_slice(block);
+                    self.partial = Some((stream, b, end_stream));
+                }
+            }
+            Frame::Continuation {
+                end_headers, block, ..
+            } => {
+                let Some((id, mut b, end_stream)) = self.partial.take() else {
+                    return self.error(Reason::PROTOCOL_ERROR, "CONTINUATION without HEADERS");
+                };
+                if b.len() + block.len() > MAX_HEADER_BLOCK {
+                    return self.error(Reason::ENHANCE_YOUR_CALM, "header block too large");
+                }
+                b.extend_from_slice(block);
+                if end_headers {
+                    self.on_header_block(id, &b, end_stream);
+                } else {
+                    self.partial = Some((id, b, end_stream));
+                }
+            }
+            Frame::Priority | Frame::Unknown => {}
+            Frame::Reset { stream, .. } => self.on_reset(stream),
+            Frame::Settings(s) => {
+                self.settings_seen = true;
+                let mut deliver = Deliver::default();
+                {
+                    let mut out = self.link.lock();
+                    out.apply_settings(&s, &mut deliver);
+                    frame::write_settings_ack(out.buf_mut());
+                }
+                deliver.run();
+            }
+            Frame::SettingsAck => {}
+            Frame::Ping { ack: false, data } => {
+                frame::write_ping(self.link.lock().buf_mut(), true, data);
+            }
+            Frame::Ping { ack: true, .. } => self.ping_sent = None,
+            Frame::GoAway {
+                last_stream,
+                reason,
+                ..
+            } => self.on_goaway(last_stream, reason),
+            Frame::WindowUpdate { stream, increment } => {
+                if stream != 0 && self.is_idle(stream) {
+                    return self.error(Reason::PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream");
+                }
+                let mut deliver = Deliver::default();
+                let r = self
+                    .link
+                    .lock()
+                    .window_update(stream, increment, &mut deliver);
+                deliver.run();
+                if r.is_err() {
+                    if stream == 0 {
+                        self.error(Reason::FLOW_CONTROL_ERROR, "connection window overflow");
+                    } else {
+                        self.stream_error(stream, Reason::FLOW_CONTROL_ERROR);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `id` names a stream that was never opened.
+    fn is_idle(&self, id: u32) -> bool {
+        match R::SIDE {
+            Side::Server => id > self.last_peer_id,
+            // Client: odd ids are ours; the link knows the next one.
+            Side::Client => {
+                id.is_multiple_of(2) || !self.streams.contains_key(&id) && id >= self.link_next_id()
+            }
+        }
+    }
+
+    fn link_next_id(&self) -> u32 {
+        self.link.lock().next_client_id()
+    }
+
+    /// Writes RST_STREAM for `id` (dropping what its sending half queued).
+    fn send_reset(&self, id: u32, reason: Reason) {
+        let mut out = self.link.lock();
+        if out.is_open(id) {
+            out.reset(id, reason);
+        } else {
+            frame::write_reset(out.buf_mut(), id, reason);
+        }
+    }
+
+    /// Resets stream `id` with `reason` and tells its other half.
+    fn stream_error(&mut self, id: u32, reason: Reason) {
+        self.send_reset(id, reason);
+        if self.streams.contains_key(&id) {
+            let failure = self.role.failure();
+            self.remove(id, Some(failure));
+        }
+    }
+
+    fn on_data(&mut self, id: u32, data: &[u8], flow_len: u32, end: bool) {
+        if i64::from(flow_len) > self.recv_window {
+            return self.error(Reason::FLOW_CONTROL_ERROR, "connection window exceeded");
+        }
+        self.recv_window -= i64::from(flow_len);
+        self.conn_unreleased += flow_len;
+        let Some(s) = self.streams.get_mut(&id) else {
+            if self.is_idle(id) {
+                return self.error(Reason::PROTOCOL_ERROR, "DATA on an idle stream");
+            }
+            // A stream already closed here: frames in flight are dropped.
+            return;
+        };
+        if s.recv_closed {
+            return self.stream_error(id, Reason::STREAM_CLOSED);
+        }
+        if !s.head_seen {
+            // DATA before the response head (a request's head always came
+            // first: it opened the stream).
+            return self.stream_error(id, Reason::PROTOCOL_ERROR);
+        }
+        if i64::from(flow_len) > s.window {
+            return self.stream_error(id, Reason::FLOW_CONTROL_ERROR);
+        }
+        s.window -= i64::from(flow_len);
+        let mut release = flow_len - data.len() as u32;
+        match &s.target {
+            Target::Route(route) => {
+                let sent = route.sink.data(route.id, data, end);
+                release += sent as u32;
+                let held = data.len() - sent;
+                s.held += held;
+                self.held += held;
+                self.forwarded += data.len() as u64;
+            }
+            Target::Discard => release += data.len() as u32,
+        }
+        s.unreleased = s.unreleased.saturating_add(release);
+        if end {
+            s.recv_closed = true;
+            if !self.link.lock().is_open(id) {
+                self.remove(id, None);
+            }
+        }
+    }
+
+    fn on_header_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        let mut fields = Fields::with_capacity(12);
+        let mut list_size = 0usize;
+        let decoded = self.decoder.decode(block, |n, v, _| {
+            list_size += n.len() + v.len() + 32;
+            fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)));
+        });
+        if let Err(e) = decoded {
+            tracing::debug!(link = %self.link.name(), error = %e, "HPACK decoding failed");
+            return self.error(Reason::COMPRESSION_ERROR, "header block does not decode");
+        }
+        if list_size > self.local.max_header_list_size as usize {
+            return self.stream_error(id, Reason::PROTOCOL_ERROR);
+        }
+        if let Some(s) = self.streams.get_mut(&id) {
+            if s.recv_closed {
+                return self.stream_error(id, Reason::STREAM_CLOSED);
+            }
+            let informational = R::SIDE == Side::Client && is_informational(&fields);
+            if informational {
+                return;
+            }
+            // A second block is trailers and must end the stream.
+            if s.head_seen && !end_stream {
+                return self.stream_error(id, Reason::PROTOCOL_ERROR);
+            }
+            if !valid_fields(&fields, R::SIDE, !s.head_seen) {
+                return self.stream_error(id, Reason::PROTOCOL_ERROR);
+            }
+            let first = !s.head_seen;
+            s.head_seen = true;
+            if end_stream {
+                s.recv_closed = true;
+            }
+            if let Target::Route(route) = &s.target {
+                route.sink.headers(route.id, fields, end_stream);
+            }
+            if first && R::SIDE == Side::Client {
+                self.role.answered(true);
+            }
+            if end_stream && !self.link.lock().is_open(id) {
+                self.remove(id, None);
+            }
+            return;
+        }
+        match R::SIDE {
+            Side::Client => {
+                // An answer on a stream reset here: dropped (its block was
+                // decoded above, which keeps HPACK in step).
+                if self.is_idle(id) {
+                    self.error(Reason::PROTOCOL_ERROR, "HEADERS on a stream never opened");
+                }
+            }
+            Side::Server => {
+                if id.is_multiple_of(2) || id <= self.last_peer_id {
+                    return self.error(Reason::PROTOCOL_ERROR, "stream id not new or not odd");
+                }
+                self.last_peer_id = id;
+                if self.goaway_sent {
+                    // After GOAWAY, new streams are not processed (§6.8).
+                    frame::write_reset(self.link.lock().buf_mut(), id, Reason::REFUSED_STREAM);
+                    return;
+                }
+                if self.streams.len() >= self.local.max_concurrent_streams as usize {
+                    frame::write_reset(self.link.lock().buf_mut(), id, Reason::REFUSED_STREAM);
+                    return;
+                }
+                if !valid_fields(&fields, Side::Server, true) {
+                    frame::write_reset(self.link.lock().buf_mut(), id, Reason::PROTOCOL_ERROR);
+                    return;
+                }
+                let stream = self.role.open(&self.link, id, fields, end_stream);
+                let gone = stream.recv_closed && !self.link.lock().is_open(id);
+                self.streams.insert(id, stream);
+                if gone {
+                    self.remove(id, None);
+                }
+            }
+        }
+    }
+
+    fn on_reset(&mut self, id: u32) {
+        if self.is_idle(id) {
+            return self.error(Reason::PROTOCOL_ERROR, "RST_STREAM on an idle stream");
+        }
+        self.link.lock().forget(id);
+        if self.streams.contains_key(&id) {
+            let failure = self.role.failure();
+            self.remove(id, Some(failure));
+            if !self.role.peer_reset() {
+                self.error(Reason::ENHANCE_YOUR_CALM, "too many streams reset");
+            }
+        }
+    }
+
+    fn on_goaway(&mut self, last: u32, reason: Reason) {
+        self.goaway_received = Some(last);
+        self.link.refuse_new();
+        if R::SIDE == Side::Client {
+            // Streams above `last` were never processed: safe to reopen.
+            let unprocessed: Vec<u32> = self
+                .streams
+                .keys()
+                .copied()
+                .filter(|&id| id > last)
+                .collect();
+            for id in unprocessed {
+                self.link.lock().forget(id);
+                self.remove(
+                    id,
+                    Some(Failure::Unavailable(
+                        "upstream closing; reopen the stream".into(),
+                    )),
+                );
+            }
+        }
+        if reason != Reason::NO_ERROR {
+            self.closing = Some(Err(ConnError::PeerGoAway(reason)));
+        }
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+    }
+
+    /// Writes what is pending; `Ready` once everything was written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        loop {
+            if self.wbuf.is_empty() {
+                let spare = std::mem::take(&mut self.wbuf);
+                self.wbuf = self.link.lock().take_buf(spare);
+                if self.wbuf.is_empty() {
+                    return Pin::new(&mut self.io).poll_flush(cx);
+                }
+            }
+            while !self.wbuf.is_empty() {
+                let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf))?;
+                if n == 0 {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                self.wbuf.advance(n);
+            }
+            self.wbuf.clear();
+        }
+    }
+
+    /// Timers: keepalive PINGs, their timeout, housekeeping.
+    fn poll_timers(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        loop {
+            let now = Instant::now();
+            let mut next = match self.ping_sent {
+                Some(sent) if now >= sent + self.local.keepalive_timeout => {
+                    return Err(ConnError::KeepaliveTimeout);
+                }
+                Some(sent) => sent + self.local.keepalive_timeout,
+                None if now >= self.next_ping => {
+                    frame::write_ping(self.link.lock().buf_mut(), false, *b"spinlink");
+                    self.ping_sent = Some(now);
+                    self.next_ping = now + self.local.keepalive;
+                    now + self.local.keepalive_timeout
+                }
+                None => self.next_ping,
+            };
+            let quiet_at = self.last_frame + HOUSEKEEPING;
+            if now >= quiet_at {
+                self.housekeeping();
+            } else {
+                next = next.min(quiet_at);
+            }
+            if self.timer.deadline() != next {
+                self.timer.as_mut().reset(next);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Gives memory back on a quiet connection.
+    fn housekeeping(&mut self) {
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+            self.rbuf = BytesMut::new();
+        }
+        if self.wbuf.is_empty() && self.wbuf.capacity() > 0 {
+            self.wbuf = BytesMut::new();
+        }
+        if self.streams.capacity() > 16 && self.streams.len() < self.streams.capacity() / 4 {
+            self.streams.shrink_to_fit();
+        }
+    }
+
+    /// Drives the connection until it ends.
+    pub fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
+        self.link.register(cx.waker());
+        self.take_shared();
+        if self.closing.is_none() {
+            match self.role.poll_signal(cx, self.streams.len(), &self.link) {
+                Signal::None => {}
+                Signal::GoAway => self.go_away(),
+                Signal::Close => self.closing = Some(Ok(())),
+            }
+        }
+        if self.closing.is_none()
+            && let Err(e) = self.poll_timers(cx)
+        {
+            self.closing = Some(Err(e));
+        }
+        let mut budget = READ_BUDGET;
+        while self.closing.is_none() {
+            let backlog = self.wbuf.len() + self.link.lock().buffered();
+            if backlog > MAX_WRITE_BACKLOG {
+                break;
+            }
+            match self.poll_read(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(0)) => {
+                    // The peer closed its side.
+                    self.closing = Some(Ok(()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.handle_frames();
+                    // Handling frames can free windows and end streams.
+                    self.take_shared();
+                    budget = budget.saturating_sub(n);
+                    if budget == 0 {
+                        cx.waker().wake_by_ref();
+                        break;
+                    }
+                }
+                Poll::Ready(Err(e)) => self.closing = Some(Err(e.into())),
+            }
+        }
+        if self.closing.is_none() && self.goaway_sent && self.streams.is_empty() {
+            self.closing = Some(Ok(()));
+        }
+        if self.closing.is_some() && !self.shut_done {
+            // Nothing more is relayed; what is pending (a GOAWAY) still goes out.
+            self.shut();
+        }
+        match self.poll_write(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Pending => {}
+            Poll::Ready(Err(e)) => {
+                if self.closing.is_none() {
+                    self.closing = Some(Err(e.into()));
+                }
+                return Poll::Ready(self.closing.take().unwrap_or(Ok(())));
+            }
+        }
+        match &self.closing {
+            None => Poll::Pending,
+            Some(_) => {
+                // Write what is pending (a GOAWAY) before going; the owner
+                // bounds how long that may take.
+                if self.wbuf.is_empty() && self.link.lock().buffered() == 0 {
+                    let _ = Pin::new(&mut self.io).poll_shutdown(cx);
+                    Poll::Ready(self.closing.take().unwrap_or(Ok(())))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    /// Sends GOAWAY: streams up to the last one opened go on, none after.
+    pub fn go_away(&mut self) {
+        if !self.goaway_sent {
+            self.goaway_sent = true;
+            frame::write_goaway(
+                self.link.lock().buf_mut(),
+                self.last_peer_id,
+                Reason::NO_ERROR,
+                b"",
+            );
+            self.link.refuse_new();
+        }
+    }
+
+    /// Ends the connection's streams: the other halves are told the
+    /// role's failure; the link takes nothing more.
+    pub fn shut(&mut self) {
+        if self.shut_done {
+            return;
+        }
+        self.shut_done = true;
+        let failure = self.role.failure();
+        let mut told: Vec<Route> = Vec::new();
+        for (_, s) in self.streams.drain() {
+            if let Target::Route(route) = &s.target {
+                route.sink.fail(route.id, failure.clone());
+                told.push(route.clone());
+            }
+            if R::SIDE == Side::Client && !s.head_seen {
+                self.role.answered(false);
+            }
+        }
+        self.held = 0;
+        for route in self.link.close() {
+            if !told
+                .iter()
+                .any(|t| t.id == route.id && Arc::ptr_eq(&t.sink, &route.sink))
+            {
+                route.sink.fail(route.id, failure.clone());
+                if R::SIDE == Side::Client {
+                    self.role.answered(false);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a response head is informational (1xx), which a client skips.
+fn is_informational(fields: &Fields) -> bool {
+    fields
+        .iter()
+        .find(|(n, _)| &n[..] == b":status")
+        .is_some_and(|(_, v)| v.first() == Some(&b'1'))
+}
+
+/// Checks a header block as RFC 9113 §8.2 and §8.3 require: lowercase
+/// names, pseudo fields first and only the ones the side may receive, no
+/// connection-specific fields, `te` only as `trailers`; a request head has
+/// `:method`, `:scheme` and `:path`, a response head `:status`; trailers
+/// carry no pseudo fields.
+pub fn valid_fields(fields: &Fields, side: Side, head: bool) -> bool {
+    let mut regular = false;
+    let (mut method, mut scheme, mut path, mut status) = (0, 0, 0, 0);
+    for (name, value) in fields {
+        if name.is_empty() {
+            return false;
+        }
+        if name[0] == b':' {
+            if regular || !head {
+                return false;
+            }
+            match (&name[..], side) {
+                (b":method", Side::Server) => method += 1,
+                (b":scheme", Side::Server) => scheme += 1,
+                (b":path", Side::Server) => {
+                    if value.is_empty() {
+                        return false;
+                    }
+                    path += 1;
+                }
+                (b":authority", Side::Server) => {}
+                (b":status", Side::Client) => status += 1,
+                _ => return false,
+            }
+            continue;
+        }
+        regular = true;
+        if name
+            .iter()
+            .any(|b| b.is_ascii_uppercase() || !http_token(*b))
+        {
+            return false;
+        }
+        if matches!(
+            &name[..],
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade"
+        ) {
+            return false;
+        }
+        if &name[..] == b"te" && &value[..] != b"trailers" {
+            return false;
+        }
+        if value.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n') {
+            return false;
+        }
+    }
+    if !head {
+        return true;
+    }
+    match side {
+        Side::Server => method == 1 && scheme == 1 && path == 1,
+        Side::Client => status == 1,
+    }
+}
+
+/// Whether `b` may appear in a header name (RFC 9110 `tchar`).
+fn http_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// The fields of `hpack` a decoder error maps to, for tests.
+pub type HpackError = hpack::DecodeError;
+
+#[cfg(test)]
+mod tests;

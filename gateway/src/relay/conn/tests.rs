@@ -1,0 +1,560 @@
+//! The connection driver against a scripted peer over an in-memory pipe.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::BufMut;
+use spinlink_http2::frame::{flag, kind, write_data, write_headers, write_ping, write_reset};
+use spinlink_http2::hpack::Encoder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::task::JoinHandle;
+
+use super::*;
+use crate::relay::link::Sink;
+use crate::relay::link::tests::Recorder;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn local(max_streams: u32) -> Local {
+    Local {
+        max_concurrent_streams: max_streams,
+        stream_window: frame::DEFAULT_WINDOW,
+        conn_window: frame::DEFAULT_WINDOW,
+        max_header_list_size: 16 * 1024,
+        header_table_size: 4096,
+        keepalive: Duration::from_secs(30),
+        keepalive_timeout: Duration::from_secs(10),
+    }
+}
+
+/// A server role that routes every stream to one recorder.
+struct TestServer {
+    sink: Arc<Recorder>,
+    resets_allowed: u32,
+    signal: Arc<Mutex<Signal>>,
+}
+
+impl Role for TestServer {
+    const SIDE: Side = Side::Server;
+
+    fn open(&mut self, link: &Arc<Link>, id: u32, fields: Fields, end: bool) -> InStream {
+        let route = Route {
+            sink: self.sink.clone(),
+            id,
+        };
+        link.accept(id, Some(route.clone()));
+        self.sink.headers(id, fields, end);
+        InStream::new(Target::Route(route), frame::DEFAULT_WINDOW).recv_closed(end)
+    }
+
+    fn peer_reset(&mut self) -> bool {
+        if self.resets_allowed == 0 {
+            return false;
+        }
+        self.resets_allowed -= 1;
+        true
+    }
+
+    fn poll_signal(&mut self, _cx: &mut Context<'_>, _open: usize, _link: &Arc<Link>) -> Signal {
+        std::mem::replace(&mut *self.signal.lock().unwrap(), Signal::None)
+    }
+
+    fn failure(&self) -> Failure {
+        Failure::Cancel
+    }
+}
+
+/// The agent's end of the pipe.
+struct Peer {
+    io: DuplexStream,
+    enc: Encoder,
+    rbuf: BytesMut,
+}
+
+impl Peer {
+    async fn send(&mut self, bytes: &[u8]) {
+        self.io.write_all(bytes).await.unwrap();
+    }
+
+    /// Preface and empty SETTINGS; then the server's SETTINGS and its ACK.
+    async fn handshake(&mut self) {
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        Settings::default().write(&mut out);
+        self.send(&out).await;
+        let (h, _) = self.next().await;
+        assert_eq!((h.kind, h.flags), (kind::SETTINGS, 0));
+        let (h, _) = self.next_not(kind::WINDOW_UPDATE).await;
+        assert_eq!((h.kind, h.flags), (kind::SETTINGS, flag::ACK));
+    }
+
+    fn head(&mut self, id: u32, path: &str, end: bool) -> BytesMut {
+        let fields: [(&[u8], &[u8]); 4] = [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", path.as_bytes()),
+            (b"content-type", b"application/grpc"),
+        ];
+        let mut block = BytesMut::new();
+        self.enc.encode(
+            fields
+                .iter()
+                .map(|(n, v)| (*n, *v, hpack::Indexing::Indexed)),
+            &mut block,
+        );
+        let mut out = BytesMut::new();
+        write_headers(&mut out, id, &block, end, 16_384);
+        out
+    }
+
+    async fn open(&mut self, id: u32, end: bool) {
+        let h = self.head(id, "/x", end);
+        self.send(&h).await;
+    }
+
+    async fn next(&mut self) -> (Head, Vec<u8>) {
+        self.next_within(WAIT).await
+    }
+
+    async fn next_within(&mut self, wait: Duration) -> (Head, Vec<u8>) {
+        tokio::time::timeout(wait, async {
+            loop {
+                if let Some(head) = Head::parse(&self.rbuf)
+                    && self.rbuf.len() >= HEAD_LEN + head.len
+                {
+                    let frame = self.rbuf.split_to(HEAD_LEN + head.len);
+                    return (head, frame[HEAD_LEN..].to_vec());
+                }
+                let n = self.io.read_buf(&mut self.rbuf).await.unwrap();
+                assert!(n > 0, "the connection closed");
+            }
+        })
+        .await
+        .expect("no frame from the server")
+    }
+
+    /// The next frame that is not of type `skip`.
+    async fn next_not(&mut self, skip: u8) -> (Head, Vec<u8>) {
+        loop {
+            let f = self.next().await;
+            if f.0.kind != skip {
+                return f;
+            }
+        }
+    }
+
+    /// The GOAWAY the server ends with, as its error code.
+    async fn goaway(&mut self) -> Reason {
+        loop {
+            let (h, p) = self.next().await;
+            if h.kind == kind::GOAWAY {
+                return Reason(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            }
+        }
+    }
+}
+
+struct Server {
+    peer: Peer,
+    sink: Arc<Recorder>,
+    link: Arc<Link>,
+    signal: Arc<Mutex<Signal>>,
+    task: JoinHandle<Result<(), ConnError>>,
+}
+
+fn server(local: Local, resets_allowed: u32) -> Server {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let sink = Arc::new(Recorder::default());
+    let signal = Arc::new(Mutex::new(Signal::None));
+    let link = Link::new(
+        Side::Server,
+        Arc::from("test"),
+        local.preamble(Side::Server),
+        Encoder::new(0),
+    );
+    let role = TestServer {
+        sink: sink.clone(),
+        resets_allowed,
+        signal: signal.clone(),
+    };
+    let conn_link = link.clone();
+    let task = tokio::spawn(async move {
+        let mut conn = Conn::new(b, conn_link, role, local, Bytes::new());
+        let r = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
+        conn.shut();
+        r
+    });
+    Server {
+        peer: Peer {
+            io: a,
+            enc: Encoder::new(4096),
+            rbuf: BytesMut::new(),
+        },
+        sink,
+        link,
+        signal,
+        task,
+    }
+}
+
+/// HEADERS for stream 1 without END_HEADERS: CONTINUATION must follow.
+fn unfinished_header_block() -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::Head {
+        len: 1,
+        kind: kind::HEADERS,
+        flags: 0,
+        stream: 1,
+    }
+    .write(&mut out);
+    out.put_u8(0x82);
+    out
+}
+
+async fn ended(task: JoinHandle<Result<(), ConnError>>) -> Result<(), ConnError> {
+    tokio::time::timeout(6 * WAIT, task)
+        .await
+        .expect("the connection did not end")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn streams_are_opened_routed_and_their_windows_granted_again() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    let mut out = BytesMut::new();
+    write_data(&mut out, 1, &[5u8; 16_000], false);
+    write_data(&mut out, 1, &[6u8; 16_000], false);
+    s.peer.send(&out).await;
+    // A quarter of the window consumed (sent on at once): granted again.
+    let (h, p) = s.peer.next_not(kind::SETTINGS).await;
+    assert_eq!(h.kind, kind::WINDOW_UPDATE);
+    let mut got = vec![(h.stream, u32::from_be_bytes(p[..4].try_into().unwrap()))];
+    let (h, p) = s.peer.next().await;
+    got.push((h.stream, u32::from_be_bytes(p[..4].try_into().unwrap())));
+    got.sort();
+    assert_eq!(got, [(0, 32_000), (1, 32_000)]);
+    let headers = s.sink.headers.lock().unwrap().clone();
+    assert_eq!(headers.len(), 1);
+    assert_eq!(&headers[0].1[2].1[..], b"/x");
+    let data = s.sink.data.lock().unwrap().clone();
+    assert_eq!(data.iter().map(|d| d.1.len()).sum::<usize>(), 32_000);
+}
+
+#[tokio::test]
+async fn held_data_is_granted_again_only_when_the_other_side_credits_it() {
+    let mut s = server(local(10), 10);
+    *s.sink.accept.lock().unwrap() = Some(0);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    let mut out = BytesMut::new();
+    write_data(&mut out, 1, &[1u8; 16_384], false);
+    write_data(&mut out, 1, &[1u8; 16_384], false);
+    s.peer.send(&out).await;
+    // The connection window comes back (the data is held within the
+    // stream's window), the stream's does not.
+    let (h, _) = s.peer.next_not(kind::SETTINGS).await;
+    assert_eq!((h.kind, h.stream), (kind::WINDOW_UPDATE, 0));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    while let Ok((h, _)) = tokio::time::timeout(Duration::from_millis(50), s.peer.next()).await {
+        assert_eq!(
+            (h.kind, h.stream),
+            (kind::WINDOW_UPDATE, 0),
+            "stream window granted early"
+        );
+    }
+    s.link.credit(1, 32_768);
+    let (h, p) = s.peer.next().await;
+    assert_eq!((h.kind, h.stream), (kind::WINDOW_UPDATE, 1));
+    assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), 32_768);
+}
+
+#[tokio::test]
+async fn http1_on_the_port_is_not_a_preface() {
+    let mut s = server(local(10), 10);
+    s.peer.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(matches!(ended(s.task).await, Err(ConnError::Preface)));
+}
+
+#[tokio::test]
+async fn the_first_frame_must_be_settings() {
+    let mut s = server(local(10), 10);
+    let mut out = BytesMut::from(&frame::PREFACE[..]);
+    write_ping(&mut out, false, [0; 8]);
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::PROTOCOL_ERROR);
+    assert!(matches!(
+        ended(s.task).await,
+        Err(ConnError::Protocol(Reason::PROTOCOL_ERROR, _))
+    ));
+}
+
+#[tokio::test]
+async fn an_interrupted_header_block_is_a_protocol_error() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let mut out = unfinished_header_block();
+    write_ping(&mut out, false, [0; 8]);
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::PROTOCOL_ERROR);
+}
+
+#[tokio::test]
+async fn an_endless_header_block_is_cut_off() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let mut out = unfinished_header_block();
+    for _ in 0..5 {
+        frame::Head {
+            len: 16_000,
+            kind: kind::CONTINUATION,
+            flags: 0,
+            stream: 1,
+        }
+        .write(&mut out);
+        out.put_slice(&[0x82; 16_000]);
+    }
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::ENHANCE_YOUR_CALM);
+}
+
+#[tokio::test]
+async fn a_header_block_that_does_not_decode_is_a_compression_error() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let mut out = BytesMut::new();
+    write_headers(&mut out, 1, &[0x80], false, 16_384);
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::COMPRESSION_ERROR);
+}
+
+#[tokio::test]
+async fn data_past_the_stream_window_resets_the_stream_and_tells_the_other_side() {
+    let mut s = server(local(10), 10);
+    *s.sink.accept.lock().unwrap() = Some(0);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    let mut out = BytesMut::new();
+    for _ in 0..5 {
+        write_data(&mut out, 1, &[0u8; 16_000], false);
+    }
+    s.peer.send(&out).await;
+    loop {
+        let (h, p) = s.peer.next().await;
+        if h.kind == kind::RST_STREAM {
+            assert_eq!(h.stream, 1);
+            assert_eq!(
+                Reason(u32::from_be_bytes(p[..4].try_into().unwrap())),
+                Reason::FLOW_CONTROL_ERROR
+            );
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(*s.sink.fails.lock().unwrap(), [(1, Failure::Cancel)]);
+}
+
+#[tokio::test]
+async fn pings_are_answered_with_their_data() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let mut out = BytesMut::new();
+    write_ping(&mut out, false, *b"abcdefgh");
+    s.peer.send(&out).await;
+    let (h, p) = s.peer.next().await;
+    assert_eq!(
+        (h.kind, h.flags, &p[..]),
+        (kind::PING, flag::ACK, &b"abcdefgh"[..])
+    );
+}
+
+#[tokio::test]
+async fn rapid_resets_close_the_connection() {
+    let mut s = server(local(100), 3);
+    s.peer.handshake().await;
+    for id in [1u32, 3, 5, 7] {
+        s.peer.open(id, false).await;
+        let mut out = BytesMut::new();
+        write_reset(&mut out, id, Reason::CANCEL);
+        s.peer.send(&out).await;
+    }
+    assert_eq!(s.peer.goaway().await, Reason::ENHANCE_YOUR_CALM);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        s.sink.fails.lock().unwrap().len(),
+        4,
+        "every reset stream's other half told"
+    );
+}
+
+#[tokio::test]
+async fn streams_past_the_limit_are_refused() {
+    let mut s = server(local(2), 10);
+    s.peer.handshake().await;
+    for id in [1u32, 3, 5] {
+        s.peer.open(id, false).await;
+    }
+    let (h, p) = s.peer.next().await;
+    assert_eq!((h.kind, h.stream), (kind::RST_STREAM, 5));
+    assert_eq!(
+        Reason(u32::from_be_bytes(p[..4].try_into().unwrap())),
+        Reason::REFUSED_STREAM
+    );
+    assert_eq!(s.sink.headers.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn after_goaway_new_streams_are_refused_and_the_connection_ends_when_idle() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    *s.signal.lock().unwrap() = Signal::GoAway;
+    s.link.wake();
+    let (h, p) = s.peer.next().await;
+    assert_eq!(h.kind, kind::GOAWAY);
+    assert_eq!(
+        u32::from_be_bytes(p[..4].try_into().unwrap()),
+        1,
+        "last stream 1"
+    );
+    s.peer.open(3, false).await;
+    let (h, _) = s.peer.next().await;
+    assert_eq!((h.kind, h.stream), (kind::RST_STREAM, 3));
+    // Stream 1 finishes both ways; then the connection ends.
+    let mut out = BytesMut::new();
+    write_data(&mut out, 1, b"", true);
+    s.peer.send(&out).await;
+    s.link.headers(1, grpc_status_fields(0, "", true), true);
+    assert!(ended(s.task).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stops_answering_pings_is_dropped() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    // 30 s to the PING, 10 more without its answer.
+    let (h, _) = s.peer.next_within(Duration::from_secs(60)).await;
+    assert_eq!(h.kind, kind::PING);
+    assert!(matches!(
+        ended(s.task).await,
+        Err(ConnError::KeepaliveTimeout)
+    ));
+    assert_eq!(*s.sink.fails.lock().unwrap(), [(1, Failure::Cancel)]);
+}
+
+use crate::relay::link::grpc_status_fields;
+
+/// The client side: answers routed to whoever opened the stream.
+struct TestClient {
+    outcomes: Arc<Mutex<Vec<bool>>>,
+}
+
+impl Role for TestClient {
+    const SIDE: Side = Side::Client;
+
+    fn open(&mut self, _: &Arc<Link>, _: u32, _: Fields, _: bool) -> InStream {
+        unreachable!()
+    }
+
+    fn answered(&mut self, ok: bool) {
+        self.outcomes.lock().unwrap().push(ok);
+    }
+
+    fn poll_signal(&mut self, _: &mut Context<'_>, _: usize, _: &Arc<Link>) -> Signal {
+        Signal::None
+    }
+
+    fn failure(&self) -> Failure {
+        Failure::Unavailable("upstream stream broke".into())
+    }
+}
+
+#[tokio::test]
+async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goaway() {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let l = local(0);
+    let link = Link::new(
+        Side::Client,
+        Arc::from("t"),
+        l.preamble(Side::Client),
+        Encoder::new(4096),
+    );
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let role = TestClient {
+        outcomes: outcomes.clone(),
+    };
+    let conn_link = link.clone();
+    let task = tokio::spawn(async move {
+        let mut conn = Conn::new(b, conn_link, role, l, Bytes::new());
+        let r = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
+        conn.shut();
+        r
+    });
+    let sink = Arc::new(Recorder::default());
+    let head = vec![
+        (Bytes::from_static(b":method"), Bytes::from_static(b"POST")),
+        (Bytes::from_static(b":path"), Bytes::from_static(b"/x")),
+    ];
+    let open = |id| {
+        link.open(
+            &head,
+            true,
+            Route {
+                sink: sink.clone(),
+                id,
+            },
+        )
+    };
+    assert_eq!(open(10), Some(1));
+    assert_eq!(open(11), Some(3));
+    let mut sidecar = Peer {
+        io: a,
+        enc: Encoder::new(4096),
+        rbuf: BytesMut::new(),
+    };
+    // The preface, SETTINGS, WINDOW_UPDATE and both HEADERS arrive.
+    let mut preface = [0u8; 24];
+    sidecar.io.read_exact(&mut preface).await.unwrap();
+    assert_eq!(&preface, frame::PREFACE);
+    let mut out = BytesMut::new();
+    Settings::default().write(&mut out);
+    let mut block = BytesMut::new();
+    sidecar.enc.encode(
+        [(&b":status"[..], &b"100"[..], hpack::Indexing::Indexed)],
+        &mut block,
+    );
+    write_headers(&mut out, 1, &block, false, 16_384);
+    let mut block = BytesMut::new();
+    sidecar.enc.encode(
+        [(&b":status"[..], &b"200"[..], hpack::Indexing::Indexed)],
+        &mut block,
+    );
+    write_headers(&mut out, 1, &block, false, 16_384);
+    write_data(&mut out, 1, b"answer", true);
+    // Stream 3 was never processed.
+    frame::write_goaway(&mut out, 1, Reason::NO_ERROR, b"");
+    sidecar.send(&out).await;
+    tokio::time::timeout(WAIT, async {
+        while sink.fails.lock().unwrap().is_empty() || sink.data.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let heads = sink.headers.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "the 100 head is not relayed");
+    assert_eq!((heads[0].0, &heads[0].1[0].1[..]), (10, &b"200"[..]));
+    assert_eq!(*sink.data.lock().unwrap(), [(10, b"answer".to_vec(), true)]);
+    assert_eq!(
+        *sink.fails.lock().unwrap(),
+        [(
+            11,
+            Failure::Unavailable("upstream closing; reopen the stream".into())
+        )]
+    );
+    assert!(!link.is_usable(), "no new streams after GOAWAY");
+    assert_eq!(*outcomes.lock().unwrap(), [true, false]);
+    task.abort();
+}
