@@ -87,7 +87,7 @@ impl Connection {
         self.shared.stats.metrics().handshake(true);
         let Some(server) = server else {
             // Not an ingress name: today's agent connection.
-            return self.serve_agent(tls, remote).await;
+            return self.serve_agent(Box::new(tls), remote).await;
         };
         let (_, session) = tls.get_ref();
         let chain = session.peer_certificates().map(<[_]>::to_vec);

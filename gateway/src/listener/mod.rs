@@ -385,7 +385,9 @@ impl Connection {
         };
         let remote = self.remote;
         if let Some(ingress) = self.settings.ingress.clone() {
-            return self.serve_ingress(ingress, stream, local_port).await;
+            // Boxed: hyper's connection futures would otherwise set the size
+            // of every agent connection's task.
+            return Box::pin(self.serve_ingress(ingress, stream, local_port)).await;
         }
 
         let Some(tls) = self.tls.clone() else {
@@ -405,29 +407,31 @@ impl Connection {
         // The configuration current now: a reload changes what the next
         // handshake sees, never this one.
         let acceptor = tls.acceptor();
-        let tls =
-            match tokio::time::timeout(self.settings.handshake_timeout, acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    self.shared.stats.incr(Counter::HandshakeFailures);
-                    tracing::warn!(%remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    self.shared.stats.metrics().handshake(false);
-                    return self.refuse(Refusal::HandshakeTimeout, remote);
-                }
-            };
+        // Boxed, so the handshake's state is freed once it is done instead of
+        // sizing the connection's task for its whole life.
+        let handshake = Box::pin(acceptor.accept(stream));
+        let tls = match tokio::time::timeout(self.settings.handshake_timeout, handshake).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                self.shared.stats.incr(Counter::HandshakeFailures);
+                tracing::warn!(%remote, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.shared.stats.metrics().handshake(false);
+                return self.refuse(Refusal::HandshakeTimeout, remote);
+            }
+        };
         self.shared.stats.metrics().handshake(true);
-        self.serve_agent(tls, remote).await;
+        // Boxed: the TLS state is moved through several futures, each of
+        // which would otherwise keep room for it for the connection's life.
+        self.serve_agent(Box::new(tls), remote).await;
     }
 
     /// An agent connection after its handshake: named, then served as HTTP/2.
     async fn serve_agent(
         self,
-        tls: tokio_rustls::server::TlsStream<Prefixed<TcpStream>>,
+        tls: Box<tokio_rustls::server::TlsStream<Prefixed<TcpStream>>>,
         remote: SocketAddr,
     ) {
         let (_, server) = tls.get_ref();
@@ -495,14 +499,15 @@ impl Connection {
             keepalive: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         };
-        crate::relay::server::serve(
+        // Boxed at its own size; this future keeps a pointer.
+        Box::pin(crate::relay::server::serve(
             io,
             peer,
             self.shared.clone(),
             limits,
             self.shutdown.clone(),
             self.hard.clone(),
-        )
+        ))
         .await;
     }
 }

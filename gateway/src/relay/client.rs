@@ -10,7 +10,6 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::Context;
 
-use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::pki_types::ServerName;
@@ -155,7 +154,7 @@ where
     let role = SidecarRole {
         outcome: d.outcome.clone(),
     };
-    let mut conn = Conn::new(io, d.link.clone(), role, d.local, Bytes::new());
+    let mut conn = Conn::new(io, d.link.clone(), role, d.local);
     let result = poll_fn(|cx| {
         let r = conn.poll_run(cx);
         if let Some(bytes) = &d.bytes {

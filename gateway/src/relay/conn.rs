@@ -27,8 +27,15 @@ use super::link::{Deliver, Ended, Failure, Fields, Link, Route, Side};
 
 /// Most bytes read and handled in one poll before yielding to other tasks.
 const READ_BUDGET: usize = 256 * 1024;
-/// Read size; the buffer grows to this when a read finds it short.
-const READ_CHUNK: usize = 16 * 1024;
+/// Size of each worker thread's read buffer: what one read may take.
+const READ_SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    /// The buffer every connection polled on this thread reads into. A
+    /// connection keeps only the start of a frame that has not fully
+    /// arrived, so an idle one holds no read buffer at all.
+    static SCRATCH: std::cell::Cell<BytesMut> = std::cell::Cell::new(BytesMut::new());
+}
 /// While more than this waits to be written, the connection reads nothing
 /// (a peer that sends PINGs or SETTINGS without reading the answers).
 const MAX_WRITE_BACKLOG: usize = 4 * 1024 * 1024;
@@ -213,7 +220,10 @@ pub struct Conn<IO, R> {
     link: Arc<Link>,
     role: R,
     local: Local,
+    /// The start of a frame that has not fully arrived (reads go to the
+    /// thread's scratch buffer).
     rbuf: BytesMut,
+    /// What is being written.
     wbuf: BytesMut,
     /// Server side: bytes of the client preface still to check.
     preface_left: usize,
@@ -257,18 +267,15 @@ where
     R: Role,
 {
     /// A connection over `io` whose sending side is `link` (created with
-    /// [`Local::preamble`] for this side). Server side: `first` is what was
-    /// already read from `io`.
-    pub fn new(io: IO, link: Arc<Link>, role: R, local: Local, first: Bytes) -> Self {
+    /// [`Local::preamble`] for this side).
+    pub fn new(io: IO, link: Arc<Link>, role: R, local: Local) -> Self {
         let now = Instant::now();
-        let mut rbuf = BytesMut::new();
-        rbuf.extend_from_slice(&first);
         Self {
             io,
             link,
             role,
             local,
-            rbuf,
+            rbuf: BytesMut::new(),
             wbuf: BytesMut::new(),
             preface_left: if R::SIDE == Side::Server {
                 frame::PREFACE.len()
@@ -428,11 +435,9 @@ where
         }
     }
 
-    /// Parses and handles the complete frames in the read buffer, leaving
-    /// a partial one for the next read.
-    fn handle_frames(&mut self) {
-        // Taken out so frames can borrow it while `self` is handled mutably.
-        let mut rbuf = std::mem::take(&mut self.rbuf);
+    /// Parses and handles the complete frames in `rbuf`, leaving a partial
+    /// one in it.
+    fn handle_frames(&mut self, rbuf: &mut BytesMut) {
         let mut at = 0;
         if self.preface_left > 0 {
             let checked = frame::PREFACE.len() - self.preface_left;
@@ -440,7 +445,6 @@ where
             if rbuf[..n] != frame::PREFACE[checked..checked + n] {
                 self.closing = Some(Err(ConnError::Preface));
                 rbuf.clear();
-                self.rbuf = rbuf;
                 return;
             }
             self.preface_left -= n;
@@ -473,7 +477,6 @@ where
             self.handle_frame(head, &rbuf[start..at]);
         }
         rbuf.advance(at);
-        self.rbuf = rbuf;
     }
 
     fn handle_frame(&mut self, head: Head, payload: &[u8]) {
@@ -768,19 +771,42 @@ where
         }
     }
 
+    /// Reads into the thread's scratch buffer after what is left of a
+    /// partial frame, handles the complete frames, and keeps the rest.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
-            self.rbuf.reserve(READ_CHUNK);
+        let mut buf = SCRATCH.take();
+        if buf.capacity() < READ_SCRATCH {
+            buf = BytesMut::with_capacity(READ_SCRATCH);
         }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        buf.clear();
+        buf.extend_from_slice(&self.rbuf);
+        self.rbuf.clear();
+        let polled = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut buf);
+        if let Poll::Ready(Ok(n)) = polled
+            && n > 0
+        {
+            self.handle_frames(&mut buf);
+        }
+        // The start of a frame still arriving; a buffer of its own only then.
+        if buf.is_empty() {
+            if self.rbuf.capacity() > 0 {
+                self.rbuf = BytesMut::new();
+            }
+        } else {
+            self.rbuf.extend_from_slice(&buf);
+        }
+        buf.clear();
+        SCRATCH.set(buf);
+        polled
     }
 
     /// Writes what is pending; `Ready` once everything was written.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         loop {
             if self.wbuf.is_empty() {
-                let spare = std::mem::take(&mut self.wbuf);
-                self.wbuf = self.link.lock().take_buf(spare);
+                // The link starts a new buffer; this one is freed once
+                // written, so a quiet connection holds neither.
+                self.wbuf = self.link.lock().take_buf(BytesMut::new());
                 if self.wbuf.is_empty() {
                     return Pin::new(&mut self.io).poll_flush(cx);
                 }
@@ -792,7 +818,7 @@ where
                 }
                 self.wbuf.advance(n);
             }
-            self.wbuf.clear();
+            self.wbuf = BytesMut::new();
         }
     }
 
@@ -870,7 +896,6 @@ where
                     self.closing = Some(Ok(()));
                 }
                 Poll::Ready(Ok(n)) => {
-                    self.handle_frames();
                     // Handling frames can free windows and end streams.
                     self.take_shared();
                     budget = budget.saturating_sub(n);

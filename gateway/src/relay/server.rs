@@ -513,7 +513,7 @@ pub async fn serve<IO>(
         timer: Box::pin(tokio::time::sleep_until(now)),
     };
     let bytes = shared.stats.metrics().bytes_counter(true);
-    let mut conn = Conn::new(io, link, role, local, Bytes::new());
+    let mut conn = Conn::new(io, link, role, local);
     let mut flush_deadline: Option<Pin<Box<Sleep>>> = None;
     let result = poll_fn(|cx| {
         let r = conn.poll_run(cx);

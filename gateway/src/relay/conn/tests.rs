@@ -178,7 +178,7 @@ fn server(local: Local, resets_allowed: u32) -> Server {
     };
     let conn_link = link.clone();
     let task = tokio::spawn(async move {
-        let mut conn = Conn::new(b, conn_link, role, local, Bytes::new());
+        let mut conn = Conn::new(b, conn_link, role, local);
         let r = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
         conn.shut();
         r
@@ -487,7 +487,7 @@ async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goa
     };
     let conn_link = link.clone();
     let task = tokio::spawn(async move {
-        let mut conn = Conn::new(b, conn_link, role, l, Bytes::new());
+        let mut conn = Conn::new(b, conn_link, role, l);
         let r = std::future::poll_fn(|cx| conn.poll_run(cx)).await;
         conn.shut();
         r
