@@ -181,6 +181,29 @@ fn agent_gateway_sidecar_kubectl() {
     ]);
     assert_eq!(applied, "nginx:1.27");
 
+    // The apply's relayed requests, each with the time of every hop, in
+    // order: the facade received it, handed it to the relay stream, the agent
+    // started it and had its answer, the facade answered.
+    let (status, ops) = http(facade, "GET", "/v1/accounts/e2e/operations", &[]);
+    assert_eq!(status, 200, "{ops}");
+    let ops: Vec<serde_json::Value> = serde_json::from_str(&ops).unwrap();
+    let applies: Vec<&serde_json::Value> = ops
+        .iter()
+        .filter(|o| o["kubectlCommand"] == "kubectl apply")
+        .collect();
+    assert!(
+        applies.iter().any(|o| o["method"] == "GET")
+            && applies.iter().any(|o| o["method"] != "GET"),
+        "apply's read and write were relayed: {ops:?}"
+    );
+    for op in applies {
+        let hops: Vec<chrono::DateTime<chrono::Utc>> = spinlink_sidecar::accounts::Operation::HOPS
+            .iter()
+            .map(|hop| serde_json::from_value(op[*hop].clone()).expect(hop))
+            .collect();
+        assert!(hops.is_sorted(), "hops out of order: {op}");
+    }
+
     // Secrets: listed, but never with their values.
     let secrets = via.ok(&["get", "secrets", "-A", "-o", "yaml"]);
     assert!(

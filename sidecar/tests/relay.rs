@@ -34,6 +34,8 @@ fn head(id: u64, status: u32) -> relay_up::Msg {
                 value: b"999".to_vec(),
             },
         ],
+        // An agent older than `AgentTiming`.
+        timing: None,
     })
 }
 
@@ -137,6 +139,7 @@ async fn agent_error_before_head_is_a_502_status() -> anyhow::Result<()> {
             id: req.id,
             status: 0,
             message: "api server unreachable".into(),
+            timing: None,
         }))
         .await?;
     let answer = client.await??;
@@ -278,6 +281,19 @@ async fn answer(
     status: u32,
     body: &serde_json::Value,
 ) -> anyhow::Result<()> {
+    answer_timed(relay, method, status, body, chrono::TimeDelta::zero()).await?;
+    Ok(())
+}
+
+/// Answers the next request as an agent whose clock reads `agent_clock`
+/// off this one's; returns the timing it reported.
+async fn answer_timed(
+    relay: &mut RelayStream,
+    method: &str,
+    status: u32,
+    body: &serde_json::Value,
+    agent_clock: chrono::TimeDelta,
+) -> anyhow::Result<v1::AgentTiming> {
     let relay_down::Msg::Head(req) = relay.next().await? else {
         anyhow::bail!("expected a request head");
     };
@@ -292,8 +308,19 @@ async fn answer(
             }
         }
     }
-    relay.send(head(req.id, status)).await?;
-    relay.send(chunk(req.id, &body.to_string(), true)).await
+    let now = || (chrono::Utc::now() + agent_clock).timestamp_micros();
+    let started = now();
+    let relay_up::Msg::Head(mut response) = head(req.id, status) else {
+        unreachable!("head() makes a head");
+    };
+    let timing = v1::AgentTiming {
+        started_unix_micros: started,
+        finished_unix_micros: now(),
+    };
+    response.timing = Some(timing);
+    relay.send(relay_up::Msg::Head(response)).await?;
+    relay.send(chunk(req.id, &body.to_string(), true)).await?;
+    Ok(timing)
 }
 
 #[tokio::test]
@@ -312,23 +339,25 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
 
     // A patch answered by the agent: the next read (from the cache) sees it,
     // although no watch event has come.
-    let patch = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            request(
-                &http,
-                "PATCH",
-                &url,
-                &[
-                    ("content-type", "application/merge-patch+json"),
-                    ("kubectl-command", "kubectl patch"),
-                ],
-                "{}",
-            )
-            .await
-        }
-    });
-    answer(&mut relay, "PATCH", 200, &pod("11", "two")).await?;
+    let patch = spawn_request(
+        &http,
+        "PATCH",
+        &url,
+        &[
+            ("content-type", "application/merge-patch+json"),
+            ("kubectl-command", "kubectl patch"),
+        ],
+        "{}",
+    );
+    // This agent's clock agrees with the sidecar's.
+    let patch_timing = answer_timed(
+        &mut relay,
+        "PATCH",
+        200,
+        &pod("11", "two"),
+        chrono::TimeDelta::zero(),
+    )
+    .await?;
     let patched = patch.await??;
     assert_eq!(patched.status, 200);
     assert_eq!(patched.json()["metadata"]["resourceVersion"], "11");
@@ -343,24 +372,20 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     assert_eq!(list.json()["metadata"]["resourceVersion"], "1000");
 
     // A failed write changes nothing; a finished delete removes it.
-    let failed = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            request(
-                &http,
-                "PUT",
-                &url,
-                &[("content-type", "application/json")],
-                "{}",
-            )
-            .await
-        }
-    });
-    answer(
+    let failed = spawn_request(
+        &http,
+        "PUT",
+        &url,
+        &[("content-type", "application/json")],
+        "{}",
+    );
+    // This one's runs an hour behind, the next one's an hour ahead.
+    let put_timing = answer_timed(
         &mut relay,
         "PUT",
         409,
         &serde_json::json!({"kind": "Status", "code": 409}),
+        -chrono::TimeDelta::hours(1),
     )
     .await?;
     assert_eq!(failed.await??.status, 409);
@@ -368,11 +393,15 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
         get(&http, &url).await?.json()["spec"]["containers"][0]["image"],
         "two"
     );
-    let delete = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move { request(&http, "DELETE", &url, &[], "").await }
-    });
-    answer(&mut relay, "DELETE", 200, &pod("12", "two")).await?;
+    let delete = spawn_request(&http, "DELETE", &url, &[], "");
+    let delete_timing = answer_timed(
+        &mut relay,
+        "DELETE",
+        200,
+        &pod("12", "two"),
+        chrono::TimeDelta::hours(1),
+    )
+    .await?;
     assert_eq!(delete.await??.status, 200);
     assert_eq!(get(&http, &url).await?.status, 404);
 
@@ -402,8 +431,24 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     let first = &ops[0];
     assert_eq!(first["path"], "/api/v1/namespaces/demo/pods/web");
     assert_eq!(first["kubectlCommand"], "kubectl patch");
-    for hop in ["received", "sentToAgent", "answered"] {
-        assert!(first[hop].is_string(), "{hop}: {first}");
+    // Every hop, in order, on the sidecar's clock: the agent's times as it
+    // reported them when the clocks agree, else moved inside the round trip
+    // with the agent's own duration kept.
+    let micros = |t: chrono::DateTime<chrono::Utc>| t.timestamp_micros();
+    for (op, timing, skewed) in [
+        (&ops[0], patch_timing, false),
+        (&ops[1], put_timing, true),
+        (&ops[2], delete_timing, true),
+    ] {
+        let hops = hop_times(op);
+        assert!(hops.is_sorted(), "hops out of order: {op}");
+        let (started, finished) = (micros(hops[2]), micros(hops[3]));
+        assert_eq!(
+            finished - started,
+            timing.finished_unix_micros - timing.started_unix_micros,
+            "{op}"
+        );
+        assert_eq!(started != timing.started_unix_micros, skewed, "{op}");
     }
     assert_eq!(
         get(&http, &sidecar.url("/v1/accounts/zzz/operations"))
@@ -412,6 +457,17 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
         404
     );
     sidecar.stop().await
+}
+
+/// An operation's hop times, in hop order.
+fn hop_times(op: &serde_json::Value) -> Vec<chrono::DateTime<chrono::Utc>> {
+    spinlink_sidecar::accounts::Operation::HOPS
+        .iter()
+        .map(|hop| {
+            serde_json::from_value(op[*hop].clone())
+                .unwrap_or_else(|e| panic!("{hop} of {op}: {e}"))
+        })
+        .collect()
 }
 
 #[tokio::test]

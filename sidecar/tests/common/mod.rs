@@ -280,6 +280,19 @@ pub async fn request(
     })
 }
 
+/// [`request`] in a task of its own: for a request the played agent has to
+/// answer before it completes.
+pub fn spawn_request(
+    client: &HttpClient,
+    method: &'static str,
+    url: &str,
+    headers: &'static [(&'static str, &'static str)],
+    body: &'static str,
+) -> tokio::task::JoinHandle<anyhow::Result<Answer>> {
+    let (client, url) = (client.clone(), url.to_owned());
+    tokio::spawn(async move { request(&client, method, &url, headers, body).await })
+}
+
 pub async fn get(client: &HttpClient, url: &str) -> anyhow::Result<Answer> {
     request(client, "GET", url, &[], "").await
 }
