@@ -38,9 +38,9 @@ use crate::metrics::Metrics;
 pub const ACCOUNT_TYPE: &str = "kubernetes";
 /// The header Clouddriver (Fiat) reads the calling user from.
 pub const USER_HEADER: &str = "X-SPINNAKER-USER";
-/// Bytes escaped in an account name used as a path segment: all but
-/// RFC 3986's unreserved characters.
-const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+/// Bytes escaped in an account name used as a path segment or query
+/// value: all but RFC 3986's unreserved characters.
+pub const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
