@@ -280,9 +280,11 @@ fn configmap(name: &str, value: &str) -> String {
     )
 }
 
+/// A pod bound to a node (kube-sim has no scheduler), so that deleting it is
+/// graceful: it terminates, then the simulated kubelet removes it.
 fn pod() -> String {
     "apiVersion: v1\nkind: Pod\nmetadata:\n  name: worker\n  namespace: {ns}\n  labels: {app: worker}\n\
-     spec:\n  containers:\n  - name: main\n    image: busybox:1.36\n"
+     spec:\n  nodeName: sim-node-1\n  containers:\n  - name: main\n    image: busybox:1.36\n"
         .to_owned()
 }
 
@@ -379,7 +381,8 @@ fn script() -> Vec<Step> {
             "--cascade=foreground",
             "--grace-period=0",
         ]),
-        step(&["delete", "pod", "worker", "-n", "{ns}", "--grace-period=1"]),
+        // The default: kubectl waits, watching, until the kubelet removes it.
+        step(&["delete", "pod", "worker", "-n", "{ns}"]),
         read_json(&["get", "deployment,pod,configmap", "-n", "{ns}", "-o", "json"]),
     ]
 }
@@ -474,6 +477,16 @@ fn run_matrix(version: &str) {
     assert!(
         cached("list") && cached("get") && cached("openapi"),
         "{metrics}"
+    );
+    // `kubectl delete pod` found the pod terminating and waited for it
+    // through a watch.
+    assert!(
+        metrics.lines().any(|l| {
+            l.starts_with("spinlink_sidecar_facade_requests_total")
+                && l.contains("verb=\"watch\"")
+                && !l.ends_with(" 0")
+        }),
+        "no watch was served: {metrics}"
     );
 }
 

@@ -522,3 +522,41 @@ async fn agents_are_listed_and_can_be_disconnected() -> anyhow::Result<()> {
     wait_status(&sidecar, "prod", |s| !s.online && !s.relay).await?;
     sidecar.stop().await
 }
+
+#[tokio::test]
+async fn a_pod_deleted_gracefully_stays_cached_until_its_watch_event() -> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let pod = |rv: &str, deletion: Option<(&str, i64)>| {
+        let mut p = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "demo", "resourceVersion": rv}});
+        if let Some((at, grace)) = deletion {
+            p["metadata"]["deletionTimestamp"] = at.into();
+            p["metadata"]["deletionGracePeriodSeconds"] = grace.into();
+        }
+        p
+    };
+    sync(&mut cache, &pods, &[pod("10", None)]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web");
+
+    // The API server answers a graceful delete with the pod, terminating:
+    // it is still there (kubectl waits for it to go), as the cache says.
+    // Forced (grace period 0), it is gone at once.
+    for (answered, grace, read) in [("11", 30, 200), ("12", 0, 404)] {
+        let delete = spawn_request(&http, "DELETE", &url, &[], "");
+        let terminating = pod(answered, Some(("2026-01-01T00:00:30Z", grace)));
+        answer(&mut relay, "DELETE", 200, &terminating).await?;
+        assert_eq!(delete.await??.status, 200);
+        let after = get(&http, &url).await?;
+        assert_eq!(after.status, read, "grace period {grace}");
+        if read == 200 {
+            assert_eq!(
+                after.json()["metadata"]["deletionGracePeriodSeconds"],
+                grace
+            );
+        }
+    }
+    sidecar.stop().await
+}

@@ -350,10 +350,16 @@ fn fold_into_cache(account: &Account, kind: &KindKey, body: &[u8], method: &http
     if object.get("kind").and_then(|k| k.as_str()) == Some("Status") {
         return;
     }
+    // A DELETE answered with the object leaves it in place while finalizers
+    // run or its grace period does (a pod stops its containers first); the
+    // watch brings its removal. Only an object with neither is gone now.
     let meta = &object["metadata"];
-    let finalizing = meta.get("deletionTimestamp").is_some()
-        && meta["finalizers"].as_array().is_some_and(|f| !f.is_empty());
-    let gone = *method == http::Method::DELETE && !finalizing;
+    let finalizing = meta["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+    let terminating = meta["deletionGracePeriodSeconds"]
+        .as_i64()
+        .is_some_and(|g| g > 0);
+    let pending = meta.get("deletionTimestamp").is_some() && (finalizing || terminating);
+    let gone = *method == http::Method::DELETE && !pending;
     account.write_cache().fold_write(kind, &object, gone);
 }
 
