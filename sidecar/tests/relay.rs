@@ -524,6 +524,74 @@ async fn agents_are_listed_and_can_be_disconnected() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn apply_reads_go_live_plain_reads_come_from_the_cache_and_metrics_say_so()
+-> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let pod = |rv: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "demo", "resourceVersion": rv}})
+    };
+    sync(&mut cache, &pods, &[pod("10")]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web");
+
+    let plain = get(&http, &url).await?;
+    assert_eq!(plain.json()["metadata"]["resourceVersion"], "10");
+    // kubectl apply reads what it is about to change live: a cache a moment
+    // behind would make it compute the wrong patch.
+    let live = spawn_request(
+        &http,
+        "GET",
+        &url,
+        &[("kubectl-command", "kubectl apply")],
+        "",
+    );
+    let relay_down::Msg::Head(req) = relay.next().await? else {
+        anyhow::bail!("apply's GET was not relayed");
+    };
+    assert_eq!(
+        (req.method.as_str(), req.path.as_str()),
+        ("GET", "/api/v1/namespaces/demo/pods/web")
+    );
+    relay.send(head(req.id, 200)).await?;
+    relay
+        .send(chunk(req.id, &pod("11").to_string(), true))
+        .await?;
+    assert_eq!(live.await??.json()["metadata"]["resourceVersion"], "11");
+
+    let metrics = get(&http, &sidecar.url("/metrics")).await?;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let value = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+    };
+    let requests = "spinlink_sidecar_facade_requests_total{account=\"prod\",verb=\"get\"";
+    assert_eq!(
+        value(&format!("{requests},source=\"cache\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&format!("{requests},source=\"relay\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    let latency = "spinlink_sidecar_relay_duration_seconds";
+    assert_eq!(
+        value(&format!("{latency}_count{{account=\"prod\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        value(&format!("{latency}_sum{{account=\"prod\"}}")).is_some_and(|s| s > 0.0),
+        "{text}"
+    );
+    sidecar.stop().await
+}
+
+#[tokio::test]
 async fn a_pod_deleted_gracefully_stays_cached_until_its_watch_event() -> anyhow::Result<()> {
     let (sidecar, mut relay, mut cache) = setup().await?;
     let pods = kind("", "v1", "pods", "Pod", true);
