@@ -365,7 +365,7 @@ fn agent_gateway_sidecar_kubectl() {
                 msg: Some(cache_up::Msg::Open(CacheOpen {
                     account: "e2e-spare".into(),
                     agent_id: "probe".into(),
-                    ca_fingerprint: String::new(),
+                    ..CacheOpen::default()
                 })),
             })
             .unwrap();

@@ -257,7 +257,7 @@ async fn streams_are_checked() -> anyhow::Result<()> {
         cache_up::Msg::Open(v1::CacheOpen {
             account: "other".into(),
             agent_id: "x".into(),
-            ca_fingerprint: String::new(),
+            ..v1::CacheOpen::default()
         }),
     ] {
         let (tx, rx) = tokio::sync::mpsc::channel(1);

@@ -202,6 +202,39 @@ impl FakeClouddriver {
     }
 }
 
+/// A definition as sent, its `kubeconfigContents` parsed from YAML.
+fn definition_of(body: &Value) -> anyhow::Result<Value> {
+    let mut body = body.clone();
+    let kubeconfig = body["kubeconfigContents"]
+        .as_str()
+        .context("no kubeconfigContents")?;
+    body["kubeconfigContents"] = serde_norway::from_str(kubeconfig)?;
+    Ok(body)
+}
+
+/// Exactly what the sidecar registers for `account` (as [`definition_of`]
+/// reads it) with `clouddriver.account` as the tests configure it.
+fn expected_definition(account: &str, facade: &str, namespaces: &[&str]) -> Value {
+    json!({
+        "@type": "kubernetes",
+        "name": account,
+        "context": account,
+        "kubeconfigContents": {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": account, "cluster": {"server": facade}}],
+            "users": [{"name": "spinlink", "user": {}}],
+            "contexts": [{"name": account, "context": {"cluster": account, "user": "spinlink"}}],
+            "current-context": account,
+        },
+        "onlySpinnakerManaged": false,
+        "cacheThreads": 1,
+        "checkPermissionsOnStartup": false,
+        "namespaces": namespaces,
+        "permissions": {"READ": ["ops"], "WRITE": ["ops"]},
+    })
+}
+
 fn pod(name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -234,21 +267,23 @@ async fn registers_with_retries_serves_stale_then_deregisters_after_grace() -> a
 
     fake.wait_for("POST, POST, PUT", |c| c.len() >= 3).await?;
     let calls = fake.calls();
+    assert_eq!(calls.len(), 3, "{calls:#?}");
     let facade = format!("http://{}/accounts/prod", sidecar.facade);
     for (call, method) in calls.iter().zip(["POST", "POST", "PUT"]) {
         assert_eq!(call.method, method);
         assert_eq!(call.path, "/credentials");
         assert_eq!(call.user.as_deref(), Some("spinlink-sidecar"));
         assert_eq!(call.content_type.as_deref(), Some("application/json"));
-        let b = &call.body;
-        assert_eq!(b["@type"], "kubernetes");
-        assert_eq!(b["name"], "prod");
-        assert_eq!(b["namespaces"], json!(["demo"]));
-        assert_eq!(b["permissions"]["WRITE"], json!(["ops"]));
-        let kc: Value = serde_norway::from_str(b["kubeconfigContents"].as_str().unwrap())?;
-        assert_eq!(kc["clusters"][0]["cluster"]["server"], facade);
-        assert_eq!(kc["current-context"], b["context"]);
+        assert_eq!(
+            definition_of(&call.body)?,
+            expected_definition("prod", &facade, &["demo"])
+        );
     }
+    assert_eq!(
+        definition_of(&fake.stored("prod").context("nothing stored")?)?,
+        expected_definition("prod", &facade, &["demo"]),
+        "the facade-backed definition replaced the old one"
+    );
     let file = dir.path().join("prod.yaml");
     let kc: Value = serde_norway::from_str(&std::fs::read_to_string(&file)?)?;
     assert_eq!(kc["clusters"][0]["cluster"]["server"], facade);
@@ -470,5 +505,72 @@ async fn migration_takes_the_stored_definition_and_registration_replaces_it() ->
         answer.json()
     );
     drop(cache);
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn a_changed_definition_is_put_and_an_unreachable_clouddriver_retried() -> anyhow::Result<()>
+{
+    // Nothing listens on Clouddriver's port yet: connections are refused.
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+        probe.local_addr()?.port()
+    };
+    let extra = format!(
+        "clouddriver:\n  baseUrl: http://127.0.0.1:{port}\n  \
+         retry: {{ initialMillis: 20, maxMillis: 200 }}\n  \
+         account: {{ namespaces: [demo], permissions: {{ READ: [ops], WRITE: [ops] }} }}\n"
+    );
+    let sidecar = start_config("", &extra).await?;
+    let mut client = sidecar.client().await?;
+    let first = CacheStream::open(&mut client, "prod").await?;
+    wait_status(&sidecar, "prod", |s| {
+        s.registration.state == "retrying"
+            && s.registration
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("unreachable"))
+    })
+    .await?;
+
+    // Clouddriver comes up: the retry registers the account.
+    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+    let fake = FakeClouddriver::serve(listener, &[]);
+    fake.wait_for("the POST", |c| !c.is_empty()).await?;
+    wait_status(&sidecar, "prod", |s| s.registration.state == "registered").await?;
+    let facade = format!("http://{}/accounts/prod", sidecar.facade);
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(
+        (calls[0].method.as_str(), calls[0].path.as_str()),
+        ("POST", "/credentials")
+    );
+    assert_eq!(
+        definition_of(&calls[0].body)?,
+        expected_definition("prod", &facade, &["demo"])
+    );
+
+    // Its agent now watches two namespaces only: Clouddriver is told, with a
+    // PUT of the new definition (it knows the account already).
+    let second = CacheStream::open_with(&mut client, "prod", &["web", "jobs"]).await?;
+    fake.wait_for("the PUT", |c| c.len() >= 2).await?;
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 2, "{calls:#?}");
+    assert_eq!(
+        (calls[1].method.as_str(), calls[1].path.as_str()),
+        ("PUT", "/credentials")
+    );
+    let narrowed = expected_definition("prod", &facade, &["web", "jobs"]);
+    assert_eq!(definition_of(&calls[1].body)?, narrowed);
+    assert_eq!(
+        definition_of(&fake.stored("prod").context("not stored")?)?,
+        narrowed
+    );
+    // The same definition again is no call.
+    drop(first);
+    wait_status(&sidecar, "prod", |s| s.online && s.cache_streams == 1).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fake.calls().len(), 2, "{:#?}", fake.calls());
+    drop(second);
     sidecar.stop().await
 }

@@ -266,6 +266,17 @@ struct State {
     connection: CancellationToken,
     registration: Registration,
     operations: VecDeque<Operation>,
+    /// The namespaces its agent watches, as its last cache stream said.
+    scope: NamespaceScope,
+}
+
+/// The namespaces an agent watches for an account (`CacheOpen`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceScope {
+    /// Only these (all when empty).
+    pub namespaces: Vec<String>,
+    /// All but these.
+    pub omit_namespaces: Vec<String>,
 }
 
 /// Locks ignoring poisoning: every critical section leaves the state
@@ -290,6 +301,7 @@ impl Account {
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
                 operations: VecDeque::new(),
+                scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
             changes,
@@ -326,6 +338,18 @@ impl Account {
             s.removed = false;
         }
         self.changed();
+    }
+
+    /// The namespaces its agent watches, from the newest cache stream's
+    /// `open` (set before [`Account::cache_opened`], which wakes whoever
+    /// registers the account).
+    pub fn set_scope(&self, scope: NamespaceScope) {
+        lock(&self.state).scope = scope;
+    }
+
+    /// The namespaces its agent watches.
+    pub fn scope(&self) -> NamespaceScope {
+        lock(&self.state).scope.clone()
     }
 
     /// A cache stream closed; returns whether the account is now offline

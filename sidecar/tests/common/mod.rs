@@ -107,13 +107,23 @@ pub struct CacheStream {
 
 impl CacheStream {
     pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        Self::open_with(client, account, &[]).await
+    }
+
+    /// Opens the stream of an agent watching only `namespaces` of the account.
+    pub async fn open_with(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        namespaces: &[&str],
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
             seq: 1,
             msg: Some(cache_up::Msg::Open(v1::CacheOpen {
                 account: account.into(),
                 agent_id: "test".into(),
-                ca_fingerprint: String::new(),
+                namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+                ..v1::CacheOpen::default()
             })),
         })
         .await?;
