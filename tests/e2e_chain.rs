@@ -181,6 +181,89 @@ fn agent_gateway_sidecar_kubectl() {
     ]);
     assert_eq!(applied, "nginx:1.27");
 
+    // The apply's relayed requests, each with the time of every hop, in
+    // order: the facade received it, handed it to the relay stream, the agent
+    // started it and had its answer, the facade answered.
+    let (status, ops) = http(facade, "GET", "/v1/accounts/e2e/operations", &[]);
+    assert_eq!(status, 200, "{ops}");
+    let ops: Vec<serde_json::Value> = serde_json::from_str(&ops).unwrap();
+    let applies: Vec<&serde_json::Value> = ops
+        .iter()
+        .filter(|o| o["kubectlCommand"] == "kubectl apply")
+        .collect();
+    assert!(
+        applies.iter().any(|o| o["method"] == "GET")
+            && applies.iter().any(|o| o["method"] != "GET"),
+        "apply's read and write were relayed: {ops:?}"
+    );
+    for op in applies {
+        let hops: Vec<chrono::DateTime<chrono::Utc>> = spinlink_sidecar::accounts::Operation::HOPS
+            .iter()
+            .map(|hop| serde_json::from_value(op[*hop].clone()).expect(hop))
+            .collect();
+        assert!(hops.is_sorted(), "hops out of order: {op}");
+    }
+
+    // `kubectl logs -f` through the chain: kube-sim writes ten lines, then
+    // one a second until the pod goes. Each must reach kubectl while the
+    // stream is still open; a hop that held the body back until it ended
+    // would deliver nothing here. (A running pod of the demo workload: one
+    // just applied would still be creating its container.)
+    let pod = direct.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let container = direct.ok(&[
+        "get",
+        "pod",
+        &pod,
+        "-n",
+        "demo",
+        "-o",
+        "jsonpath={.spec.containers[0].name}",
+    ]);
+    let (mut follow, lines) = via.spawn_lines(&["logs", "-f", &pod, "-n", "demo"]);
+    let mut seen = Vec::new();
+    while seen.len() < 12 {
+        let line = lines.recv_timeout(support::WAIT).unwrap_or_else(|e| {
+            let mut stderr = String::new();
+            if let Some(mut err) = follow.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+            }
+            panic!(
+                "line {} of the followed log: {e}; {seen:?}; {stderr}",
+                seen.len() + 1
+            )
+        });
+        seen.push(line);
+        assert!(
+            follow.try_wait().unwrap().is_none(),
+            "the log stream ended after {seen:?}"
+        );
+    }
+    for (i, line) in seen.iter().enumerate() {
+        let want = format!("[{pod}/{container}] request {}: ", i + 1);
+        assert!(line.contains(&want), "line {}: {line}", i + 1);
+    }
+    // The pod goes: its log ends, and so does kubectl.
+    direct.ok(&["delete", "pod", &pod, "-n", "demo", "--wait=false"]);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = follow.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < support::WAIT,
+            "kubectl logs -f did not end"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+
     // Secrets: listed, but never with their values.
     let secrets = via.ok(&["get", "secrets", "-A", "-o", "yaml"]);
     assert!(
@@ -282,7 +365,7 @@ fn agent_gateway_sidecar_kubectl() {
                 msg: Some(cache_up::Msg::Open(CacheOpen {
                     account: "e2e-spare".into(),
                     agent_id: "probe".into(),
-                    ca_fingerprint: String::new(),
+                    ..CacheOpen::default()
                 })),
             })
             .unwrap();

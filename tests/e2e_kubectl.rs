@@ -172,15 +172,16 @@ struct Answer {
     stderr: String,
 }
 
-fn answer(out: &Output, ns: &str, json: bool) -> Answer {
-    let text = |b: &[u8]| mask_timestamps(&String::from_utf8_lossy(b).replace(ns, "<ns>"));
+/// `out` normalized for comparison; `twins` (both sides' namespaces) read
+/// `<ns>`, so cluster-wide lists naming both compare equal.
+fn answer(out: &Output, twins: &[&str], json: bool) -> Answer {
+    let mask = |s: String| twins.iter().fold(s, |s, ns| s.replace(ns, "<ns>"));
+    let text = |b: &[u8]| mask_timestamps(&mask(String::from_utf8_lossy(b).into_owned()));
     let stdout = if json && out.status.success() {
         let mut v: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
         normalize_json(&mut v);
-        serde_json::to_string_pretty(&v)
-            .unwrap()
-            .replace(ns, "<ns>")
+        mask(serde_json::to_string_pretty(&v).unwrap())
     } else {
         text(&out.stdout)
     };
@@ -280,10 +281,32 @@ fn configmap(name: &str, value: &str) -> String {
     )
 }
 
+/// A pod bound to a node (kube-sim has no scheduler), so that deleting it is
+/// graceful: it terminates, then the simulated kubelet removes it.
 fn pod() -> String {
     "apiVersion: v1\nkind: Pod\nmetadata:\n  name: worker\n  namespace: {ns}\n  labels: {app: worker}\n\
-     spec:\n  containers:\n  - name: main\n    image: busybox:1.36\n"
+     spec:\n  nodeName: sim-node-1\n  containers:\n  - name: main\n    image: busybox:1.36\n"
         .to_owned()
+}
+
+/// Events about the deployment `web` and, so that the field selector has
+/// something to leave out, about its replica set and another deployment.
+fn events() -> String {
+    let event = |name: &str, kind: &str, object: &str, api: &str| {
+        format!(
+            "apiVersion: v1\nkind: Event\nmetadata:\n  name: {name}\n  namespace: {{ns}}\n\
+             involvedObject:\n  apiVersion: {api}\n  kind: {kind}\n  name: {object}\n  namespace: {{ns}}\n\
+             reason: ScalingReplicaSet\nmessage: {name}\ntype: Normal\ncount: 1\n\
+             source:\n  component: deployment-controller\n"
+        )
+    };
+    [
+        event("web.scaled-up", "Deployment", "web", "apps/v1"),
+        event("web.scaled-down", "Deployment", "web", "apps/v1"),
+        event("web-rs.created", "ReplicaSet", "web", "apps/v1"),
+        event("other.scaled-up", "Deployment", "other", "apps/v1"),
+    ]
+    .join("---\n")
 }
 
 /// The commands Clouddriver's Kubernetes provider runs, in an order that
@@ -305,6 +328,14 @@ fn script() -> Vec<Step> {
         ]),
         read_json(&["get", "deployment", "web", "-n", "{ns}", "-o", "json"]),
         read_json(&["get", "namespace", "{ns}", "-o", "json"]),
+        // Cluster-scoped lists: every namespace, both twins' included.
+        read_json(&["get", "namespaces", "-o", "json"]),
+        Step {
+            read: true,
+            ..step(&["get", "namespaces", "-o", "name"])
+        },
+        with_input(&["apply", "-f", "-"], events()),
+        // Two of the four events match both terms.
         read_json(&[
             "get",
             "event",
@@ -379,7 +410,8 @@ fn script() -> Vec<Step> {
             "--cascade=foreground",
             "--grace-period=0",
         ]),
-        step(&["delete", "pod", "worker", "-n", "{ns}", "--grace-period=1"]),
+        // The default: kubectl waits, watching, until the kubelet removes it.
+        step(&["delete", "pod", "worker", "-n", "{ns}"]),
         read_json(&["get", "deployment,pod,configmap", "-n", "{ns}", "-o", "json"]),
     ]
 }
@@ -431,11 +463,12 @@ fn run_matrix(version: &str) {
     for (i, s) in script().iter().enumerate() {
         let what = format!("kubectl {version} step {i}: {:?}", s.args);
         let d = direct.run(s.args, s.stdin.as_deref());
-        let want = answer(&d, &direct.ns, s.json);
+        let twins = [facade.ns.as_str(), direct.ns.as_str()];
+        let want = answer(&d, &twins, s.json);
         let deadline = Instant::now() + if s.read { CONVERGE } else { Duration::ZERO };
         loop {
             let f = facade.run(s.args, s.stdin.as_deref());
-            let got = answer(&f, &facade.ns, s.json);
+            let got = answer(&f, &twins, s.json);
             let same = match s.loose {
                 Some(check) => got.code == want.code && check(&got.stdout) && check(&want.stdout),
                 None => got == want,
@@ -474,6 +507,16 @@ fn run_matrix(version: &str) {
     assert!(
         cached("list") && cached("get") && cached("openapi"),
         "{metrics}"
+    );
+    // `kubectl delete pod` found the pod terminating and waited for it
+    // through a watch.
+    assert!(
+        metrics.lines().any(|l| {
+            l.starts_with("spinlink_sidecar_facade_requests_total")
+                && l.contains("verb=\"watch\"")
+                && !l.ends_with(" 0")
+        }),
+        "no watch was served: {metrics}"
     );
 }
 

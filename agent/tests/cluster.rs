@@ -293,19 +293,35 @@ async fn sync_events_relay_and_no_secret_values() {
     })
     .await;
 
-    // Relayed GET of an object.
+    // Relayed GET of an object, its head stamped with the agent's part.
+    let before = spinlink_agent::relay::execute::unix_micros();
     gw.relay_down(
         "dev",
         get(1, "/api/v1/namespaces/demo/configmaps/app-config", ""),
     )
     .await;
     gw.wait_for("GET response", |r| response(r, 1).2).await;
+    let after = spinlink_agent::relay::execute::unix_micros();
     gw.with(|r| {
         let (status, body, _) = response(r, 1);
         assert_eq!(status, Some(200));
         let obj: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(obj["metadata"]["name"], "app-config");
         assert_eq!(obj["data"]["mode"], "prod");
+        let timing = r
+            .relay_up
+            .iter()
+            .find_map(|(_, m)| match &m.msg {
+                Some(relay_up::Msg::Head(h)) if h.id == 1 => h.timing,
+                _ => None,
+            })
+            .expect("the head carries the agent's timing");
+        assert!(
+            before <= timing.started_unix_micros
+                && timing.started_unix_micros <= timing.finished_unix_micros
+                && timing.finished_unix_micros <= after,
+            "{before} <= {timing:?} <= {after}"
+        );
     });
 
     // Relayed GET and LIST of Secrets come back without values.

@@ -530,7 +530,7 @@ impl SimAgent {
         let open = self.up(cache_up::Msg::Open(CacheOpen {
             account: self.account.clone(),
             agent_id: self.agent_id.clone(),
-            ca_fingerprint: String::new(),
+            ..CacheOpen::default()
         }));
         let snapshot = self.up(cache_up::Msg::Discovery(discovery()));
         for m in [open, snapshot] {

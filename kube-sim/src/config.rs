@@ -16,6 +16,10 @@ pub const DEFAULT_MAX_PAGE: usize = 5000;
 /// client matching the server's minor version and only ships 1.27–1.33; reporting
 /// 1.33 keeps it on a shipped binary (see the crate docs).
 pub const DEFAULT_REPORTED_MINOR: u32 = 33;
+/// Default time the simulated kubelet takes to stop a pod deleted with a grace
+/// period (at most the grace period itself): long enough that clients see the pod
+/// terminating and wait for it, short enough for tests.
+pub const DEFAULT_POD_TERMINATION: Duration = Duration::from_secs(1);
 /// Default churn interval.
 pub const DEFAULT_CHURN_INTERVAL: Duration = Duration::from_millis(200);
 /// Default bound on the number of configmaps churn keeps alive.
@@ -35,6 +39,10 @@ pub struct SimConfig {
     pub max_page: usize,
     /// Minor version reported by `/version` (`None`: the fixture's 1.36 as recorded).
     pub reported_minor: Option<u32>,
+    /// How long a pod deleted with a grace period stays terminating before the
+    /// simulated kubelet removes it (at most its grace period).
+    #[serde(with = "duration_ms")]
+    pub pod_termination: Duration,
 }
 
 impl Default for SimConfig {
@@ -44,6 +52,7 @@ impl Default for SimConfig {
             bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
             max_page: DEFAULT_MAX_PAGE,
             reported_minor: Some(DEFAULT_REPORTED_MINOR),
+            pod_termination: DEFAULT_POD_TERMINATION,
         }
     }
 }
@@ -53,6 +62,13 @@ impl SimConfig {
     #[must_use]
     pub fn history(mut self, history: usize) -> Self {
         self.history = history;
+        self
+    }
+
+    /// Sets how long a gracefully deleted pod stays terminating.
+    #[must_use]
+    pub fn pod_termination(mut self, termination: Duration) -> Self {
+        self.pod_termination = termination;
         self
     }
 

@@ -257,7 +257,7 @@ async fn streams_are_checked() -> anyhow::Result<()> {
         cache_up::Msg::Open(v1::CacheOpen {
             account: "other".into(),
             agent_id: "x".into(),
-            ca_fingerprint: String::new(),
+            ..v1::CacheOpen::default()
         }),
     ] {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -279,5 +279,94 @@ async fn streams_are_checked() -> anyhow::Result<()> {
     let err = client.hello(v1::HelloRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unimplemented);
     assert!(sidecar.accounts.status("prod").is_none());
+    sidecar.stop().await
+}
+
+async fn metrics(http: &HttpClient, url: &str) -> anyhow::Result<String> {
+    let m = get(http, url).await?;
+    Ok(String::from_utf8_lossy(&m.body).into_owned())
+}
+
+/// The value of the sample `name{account="<account>"}` in the text
+/// exposition.
+fn sample(metrics: &str, name: &str, account: &str) -> Option<f64> {
+    let prefix = format!("{name}{{account=\"{account}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_what_each_account_caches() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let mut prod = CacheStream::open(&mut client, "prod").await?;
+    let prod_pods: Vec<Value> = (1..=3)
+        .map(|i| {
+            pod(
+                "demo",
+                &format!("web-{i}"),
+                &format!("1{i}"),
+                json!({"app": "web"}),
+            )
+        })
+        .collect();
+    sync(&mut prod, &pods, &prod_pods).await?;
+    prod.wait_acked().await?;
+    let mut dev = CacheStream::open(&mut client, "dev").await?;
+    sync(&mut dev, &pods, &[pod("demo", "solo", "7", json!({}))]).await?;
+    dev.wait_acked().await?;
+
+    let http = http();
+    let metrics_url = sidecar.url("/metrics");
+    let text = metrics(&http, &metrics_url).await?;
+    let objects = |account: &str| sample(&text, "spinlink_sidecar_cache_objects", account);
+    let bytes = |text: &str, account: &str| {
+        sample(text, "spinlink_sidecar_cache_bytes", account).unwrap_or_default()
+    };
+    // Counts per account, as the accounts API and the facade's lists say.
+    for (account, want) in [("prod", 3.0), ("dev", 1.0)] {
+        assert_eq!(objects(account), Some(want), "{text}");
+        let status = get(&http, &sidecar.url(&format!("/v1/accounts/{account}")))
+            .await?
+            .json();
+        assert_eq!(status["objects"].as_f64(), Some(want));
+        let url = sidecar.url(&format!("/accounts/{account}/api/v1/pods"));
+        let listed = get(&http, &url).await?.json();
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(want as usize)
+        );
+    }
+    // Bytes: the JSON of what is held, so one more object adds its size and
+    // taking it away gives it back.
+    let (prod_bytes, dev_bytes) = (bytes(&text, "prod"), bytes(&text, "dev"));
+    assert!(prod_bytes > 0.0 && dev_bytes > 0.0, "{text}");
+    let extra = pod("demo", "web-4", "20", json!({"app": "web"}));
+    prod.send(added(&pods, &extra)).await?;
+    prod.wait_acked().await?;
+    let grown = metrics(&http, &metrics_url).await?;
+    let size = serde_json::to_vec(&extra)?.len() as f64;
+    assert_eq!(bytes(&grown, "prod"), prod_bytes + size, "{grown}");
+    assert_eq!(
+        bytes(&grown, "dev"),
+        dev_bytes,
+        "other accounts are untouched"
+    );
+    assert_eq!(
+        sample(&grown, "spinlink_sidecar_cache_objects", "prod"),
+        Some(4.0)
+    );
+    prod.send(cache_up::Msg::Event(v1::WatchEvent {
+        r#type: v1::watch_event::Type::Deleted as i32,
+        kind: Some(pods.clone()),
+        resource_version: "21".into(),
+        object: serde_json::to_vec(&extra)?,
+    }))
+    .await?;
+    prod.wait_acked().await?;
+    let shrunk = metrics(&http, &metrics_url).await?;
+    assert_eq!(bytes(&shrunk, "prod"), prod_bytes, "{shrunk}");
     sidecar.stop().await
 }

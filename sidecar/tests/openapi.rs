@@ -44,6 +44,7 @@ async fn answer(
                     value: format!("\"{}\"", body.len()).into_bytes(),
                 },
             ],
+            timing: None,
         }))
         .await?;
     // Two chunks: the facade reads the document whole before keeping it.

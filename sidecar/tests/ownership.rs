@@ -172,6 +172,7 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
                 account: "prod".into(),
                 agent_id: "test".into(),
                 ca_fingerprint: fingerprint.into(),
+                ..Default::default()
             },
         )),
     };

@@ -34,6 +34,8 @@ fn head(id: u64, status: u32) -> relay_up::Msg {
                 value: b"999".to_vec(),
             },
         ],
+        // An agent older than `AgentTiming`.
+        timing: None,
     })
 }
 
@@ -137,6 +139,7 @@ async fn agent_error_before_head_is_a_502_status() -> anyhow::Result<()> {
             id: req.id,
             status: 0,
             message: "api server unreachable".into(),
+            timing: None,
         }))
         .await?;
     let answer = client.await??;
@@ -278,6 +281,19 @@ async fn answer(
     status: u32,
     body: &serde_json::Value,
 ) -> anyhow::Result<()> {
+    answer_timed(relay, method, status, body, chrono::TimeDelta::zero()).await?;
+    Ok(())
+}
+
+/// Answers the next request as an agent whose clock reads `agent_clock`
+/// off this one's; returns the timing it reported.
+async fn answer_timed(
+    relay: &mut RelayStream,
+    method: &str,
+    status: u32,
+    body: &serde_json::Value,
+    agent_clock: chrono::TimeDelta,
+) -> anyhow::Result<v1::AgentTiming> {
     let relay_down::Msg::Head(req) = relay.next().await? else {
         anyhow::bail!("expected a request head");
     };
@@ -292,8 +308,19 @@ async fn answer(
             }
         }
     }
-    relay.send(head(req.id, status)).await?;
-    relay.send(chunk(req.id, &body.to_string(), true)).await
+    let now = || (chrono::Utc::now() + agent_clock).timestamp_micros();
+    let started = now();
+    let relay_up::Msg::Head(mut response) = head(req.id, status) else {
+        unreachable!("head() makes a head");
+    };
+    let timing = v1::AgentTiming {
+        started_unix_micros: started,
+        finished_unix_micros: now(),
+    };
+    response.timing = Some(timing);
+    relay.send(relay_up::Msg::Head(response)).await?;
+    relay.send(chunk(req.id, &body.to_string(), true)).await?;
+    Ok(timing)
 }
 
 #[tokio::test]
@@ -312,23 +339,25 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
 
     // A patch answered by the agent: the next read (from the cache) sees it,
     // although no watch event has come.
-    let patch = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            request(
-                &http,
-                "PATCH",
-                &url,
-                &[
-                    ("content-type", "application/merge-patch+json"),
-                    ("kubectl-command", "kubectl patch"),
-                ],
-                "{}",
-            )
-            .await
-        }
-    });
-    answer(&mut relay, "PATCH", 200, &pod("11", "two")).await?;
+    let patch = spawn_request(
+        &http,
+        "PATCH",
+        &url,
+        &[
+            ("content-type", "application/merge-patch+json"),
+            ("kubectl-command", "kubectl patch"),
+        ],
+        "{}",
+    );
+    // This agent's clock agrees with the sidecar's.
+    let patch_timing = answer_timed(
+        &mut relay,
+        "PATCH",
+        200,
+        &pod("11", "two"),
+        chrono::TimeDelta::zero(),
+    )
+    .await?;
     let patched = patch.await??;
     assert_eq!(patched.status, 200);
     assert_eq!(patched.json()["metadata"]["resourceVersion"], "11");
@@ -343,24 +372,20 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     assert_eq!(list.json()["metadata"]["resourceVersion"], "1000");
 
     // A failed write changes nothing; a finished delete removes it.
-    let failed = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            request(
-                &http,
-                "PUT",
-                &url,
-                &[("content-type", "application/json")],
-                "{}",
-            )
-            .await
-        }
-    });
-    answer(
+    let failed = spawn_request(
+        &http,
+        "PUT",
+        &url,
+        &[("content-type", "application/json")],
+        "{}",
+    );
+    // This one's runs an hour behind, the next one's an hour ahead.
+    let put_timing = answer_timed(
         &mut relay,
         "PUT",
         409,
         &serde_json::json!({"kind": "Status", "code": 409}),
+        -chrono::TimeDelta::hours(1),
     )
     .await?;
     assert_eq!(failed.await??.status, 409);
@@ -368,11 +393,15 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
         get(&http, &url).await?.json()["spec"]["containers"][0]["image"],
         "two"
     );
-    let delete = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move { request(&http, "DELETE", &url, &[], "").await }
-    });
-    answer(&mut relay, "DELETE", 200, &pod("12", "two")).await?;
+    let delete = spawn_request(&http, "DELETE", &url, &[], "");
+    let delete_timing = answer_timed(
+        &mut relay,
+        "DELETE",
+        200,
+        &pod("12", "two"),
+        chrono::TimeDelta::hours(1),
+    )
+    .await?;
     assert_eq!(delete.await??.status, 200);
     assert_eq!(get(&http, &url).await?.status, 404);
 
@@ -402,8 +431,24 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
     let first = &ops[0];
     assert_eq!(first["path"], "/api/v1/namespaces/demo/pods/web");
     assert_eq!(first["kubectlCommand"], "kubectl patch");
-    for hop in ["received", "sentToAgent", "answered"] {
-        assert!(first[hop].is_string(), "{hop}: {first}");
+    // Every hop, in order, on the sidecar's clock: the agent's times as it
+    // reported them when the clocks agree, else moved inside the round trip
+    // with the agent's own duration kept.
+    let micros = |t: chrono::DateTime<chrono::Utc>| t.timestamp_micros();
+    for (op, timing, skewed) in [
+        (&ops[0], patch_timing, false),
+        (&ops[1], put_timing, true),
+        (&ops[2], delete_timing, true),
+    ] {
+        let hops = hop_times(op);
+        assert!(hops.is_sorted(), "hops out of order: {op}");
+        let (started, finished) = (micros(hops[2]), micros(hops[3]));
+        assert_eq!(
+            finished - started,
+            timing.finished_unix_micros - timing.started_unix_micros,
+            "{op}"
+        );
+        assert_eq!(started != timing.started_unix_micros, skewed, "{op}");
     }
     assert_eq!(
         get(&http, &sidecar.url("/v1/accounts/zzz/operations"))
@@ -412,6 +457,17 @@ async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::R
         404
     );
     sidecar.stop().await
+}
+
+/// An operation's hop times, in hop order.
+fn hop_times(op: &serde_json::Value) -> Vec<chrono::DateTime<chrono::Utc>> {
+    spinlink_sidecar::accounts::Operation::HOPS
+        .iter()
+        .map(|hop| {
+            serde_json::from_value(op[*hop].clone())
+                .unwrap_or_else(|e| panic!("{hop} of {op}: {e}"))
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -464,5 +520,111 @@ async fn agents_are_listed_and_can_be_disconnected() -> anyhow::Result<()> {
     .await;
     assert!(ended.is_ok(), "the cache stream stayed open");
     wait_status(&sidecar, "prod", |s| !s.online && !s.relay).await?;
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn apply_reads_go_live_plain_reads_come_from_the_cache_and_metrics_say_so()
+-> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let pod = |rv: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "demo", "resourceVersion": rv}})
+    };
+    sync(&mut cache, &pods, &[pod("10")]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web");
+
+    let plain = get(&http, &url).await?;
+    assert_eq!(plain.json()["metadata"]["resourceVersion"], "10");
+    // kubectl apply reads what it is about to change live: a cache a moment
+    // behind would make it compute the wrong patch.
+    let live = spawn_request(
+        &http,
+        "GET",
+        &url,
+        &[("kubectl-command", "kubectl apply")],
+        "",
+    );
+    let relay_down::Msg::Head(req) = relay.next().await? else {
+        anyhow::bail!("apply's GET was not relayed");
+    };
+    assert_eq!(
+        (req.method.as_str(), req.path.as_str()),
+        ("GET", "/api/v1/namespaces/demo/pods/web")
+    );
+    relay.send(head(req.id, 200)).await?;
+    relay
+        .send(chunk(req.id, &pod("11").to_string(), true))
+        .await?;
+    assert_eq!(live.await??.json()["metadata"]["resourceVersion"], "11");
+
+    let metrics = get(&http, &sidecar.url("/metrics")).await?;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let value = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+    };
+    let requests = "spinlink_sidecar_facade_requests_total{account=\"prod\",verb=\"get\"";
+    assert_eq!(
+        value(&format!("{requests},source=\"cache\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&format!("{requests},source=\"relay\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    let latency = "spinlink_sidecar_relay_duration_seconds";
+    assert_eq!(
+        value(&format!("{latency}_count{{account=\"prod\"}}")),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        value(&format!("{latency}_sum{{account=\"prod\"}}")).is_some_and(|s| s > 0.0),
+        "{text}"
+    );
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn a_pod_deleted_gracefully_stays_cached_until_its_watch_event() -> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let pod = |rv: &str, deletion: Option<(&str, i64)>| {
+        let mut p = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "demo", "resourceVersion": rv}});
+        if let Some((at, grace)) = deletion {
+            p["metadata"]["deletionTimestamp"] = at.into();
+            p["metadata"]["deletionGracePeriodSeconds"] = grace.into();
+        }
+        p
+    };
+    sync(&mut cache, &pods, &[pod("10", None)]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/web");
+
+    // The API server answers a graceful delete with the pod, terminating:
+    // it is still there (kubectl waits for it to go), as the cache says.
+    // Forced (grace period 0), it is gone at once.
+    for (answered, grace, read) in [("11", 30, 200), ("12", 0, 404)] {
+        let delete = spawn_request(&http, "DELETE", &url, &[], "");
+        let terminating = pod(answered, Some(("2026-01-01T00:00:30Z", grace)));
+        answer(&mut relay, "DELETE", 200, &terminating).await?;
+        assert_eq!(delete.await??.status, 200);
+        let after = get(&http, &url).await?;
+        assert_eq!(after.status, read, "grace period {grace}");
+        if read == 200 {
+            assert_eq!(
+                after.json()["metadata"]["deletionGracePeriodSeconds"],
+                grace
+            );
+        }
+    }
     sidecar.stop().await
 }

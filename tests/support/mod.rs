@@ -246,12 +246,13 @@ impl Kubectl {
         self
     }
 
-    /// Runs kubectl with `args` and `stdin`, returning its output.
-    pub fn run_with_input(&self, args: &[&str], stdin: Option<&str>) -> Output {
+    /// The kubectl command for `args`, output piped.
+    fn command(&self, args: &[&str]) -> (PathBuf, Command) {
         let bin = self.bin.clone().unwrap_or_else(|| {
             std::env::var_os("SPINLINK_KUBECTL").map_or_else(|| "kubectl".into(), PathBuf::from)
         });
-        let mut child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
@@ -260,13 +261,41 @@ impl Kubectl {
             .args(args)
             .env("HOME", &self.home)
             .env_remove("KUBECONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        (bin, command)
+    }
+
+    /// Starts kubectl with `args` (a command that runs on, like `logs -f`)
+    /// and sends each line it prints to the receiver as it comes.
+    pub fn spawn_lines(&self, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+        let (bin, mut command) = self.command(args);
+        let mut child = command
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    }
+
+    /// Runs kubectl with `args` and `stdin`, returning its output.
+    pub fn run_with_input(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let (bin, mut command) = self.command(args);
+        let mut child = command
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
             })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
         if let Some(input) = stdin {

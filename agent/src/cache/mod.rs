@@ -93,6 +93,8 @@ pub async fn run(
             account: account.clone(),
             agent_id: session.agent_id().to_owned(),
             ca_fingerprint: cluster.ca_fingerprint.clone(),
+            namespaces: cluster.filter.namespaces.clone(),
+            omit_namespaces: cluster.filter.omit_namespaces.clone(),
         })),
     };
     // The request body is polled by the connection, not by this future:

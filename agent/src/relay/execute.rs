@@ -32,15 +32,33 @@ pub const RESPONSE_HEADERS: [&str; 6] = [
     "location",
 ];
 
-/// A `RelayError` message.
-pub fn error(id: u64, status: u32, message: &str) -> RelayUp {
+/// A `RelayError` message for a request the agent took at `started`
+/// ([`unix_micros`]).
+pub fn error(id: u64, status: u32, message: &str, started: i64) -> RelayUp {
     RelayUp {
         msg: Some(relay_up::Msg::Error(v1::RelayError {
             id,
             status,
             message: message.to_owned(),
+            timing: timing(started),
         })),
     }
+}
+
+/// This host's clock in microseconds since the Unix epoch, the unit of
+/// `AgentTiming`.
+pub fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The timing of a request taken at `started` and finished now.
+pub fn timing(started: i64) -> Option<v1::AgentTiming> {
+    Some(v1::AgentTiming {
+        started_unix_micros: started,
+        finished_unix_micros: unix_micros(),
+    })
 }
 
 /// Why a relayed request failed, and the status reported for it.
@@ -79,18 +97,20 @@ pub struct Options {
     pub impersonate: Option<std::sync::Arc<(String, Vec<String>)>>,
 }
 
-/// Runs the request; sends the response (or an error) through `tx`. Returns
-/// when the response is complete, failed, or the stream is gone.
+/// Runs the request, which arrived whole at `started` ([`unix_micros`]);
+/// sends the response (or an error) through `tx`. Returns when the response
+/// is complete, failed, or the stream is gone.
 pub async fn execute(
     client: kube::Client,
     head: v1::RequestHead,
     body: Vec<u8>,
+    started: i64,
     options: Options,
     tx: mpsc::Sender<RelayUp>,
 ) {
     let id = head.id;
     let deadline = deadline(head.deadline_unix_millis);
-    let run = run(&client, head, body, &options, &tx);
+    let run = run(&client, head, body, started, &options, &tx);
     let outcome = match deadline {
         Some(at) => match tokio::time::timeout_at(at, run).await {
             Ok(outcome) => outcome,
@@ -100,7 +120,9 @@ pub async fn execute(
     };
     if let Err(failure) = outcome {
         debug!(id, status = failure.status, message = %failure.message, "relayed request failed");
-        let _ = tx.send(error(id, failure.status, &failure.message)).await;
+        let _ = tx
+            .send(error(id, failure.status, &failure.message, started))
+            .await;
     }
 }
 
@@ -117,6 +139,7 @@ async fn run(
     client: &kube::Client,
     head: v1::RequestHead,
     body: Vec<u8>,
+    started: i64,
     options: &Options,
     tx: &mpsc::Sender<RelayUp>,
 ) -> Result<(), Failure> {
@@ -155,11 +178,13 @@ async fn run(
         ));
     }
     let mut body = response.into_body();
-    let response_head = RelayUp {
+    // Stamped as it leaves, so the time spent scrubbing counts as the agent's.
+    let response_head = |started| RelayUp {
         msg: Some(relay_up::Msg::Head(v1::ResponseHead {
             id,
             status: u32::from(status.as_u16()),
             headers,
+            timing: timing(started),
         })),
     };
 
@@ -179,11 +204,11 @@ async fn run(
         let clean =
             scrub::scrub_secret_body(&whole).map_err(|e| Failure::new(502, e.to_string()))?;
         drop(whole);
-        send(tx, response_head).await?;
+        send(tx, response_head(started)).await?;
         return send_body(tx, id, &clean, true).await;
     }
 
-    send(tx, response_head).await?;
+    send(tx, response_head(started)).await?;
     let mut lines = WatchScrubber::new();
     while let Some(frame) = body.frame().await {
         // After the head, a failure is reported as a RelayError that ends it.

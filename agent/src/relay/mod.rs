@@ -156,7 +156,8 @@ pub async fn run(
                 };
                 if p.body.len() + chunk.data.len() > MAX_REQUEST_BODY {
                     pending.remove(&chunk.id);
-                    let error = execute::error(chunk.id, 413, "request body too large");
+                    let now = execute::unix_micros();
+                    let error = execute::error(chunk.id, 413, "request body too large", now);
                     if tx.send(error).await.is_err() {
                         return Err(Error::StreamClosed {
                             account,
@@ -185,13 +186,14 @@ pub async fn run(
         let Some((head, body)) = ready else {
             continue;
         };
+        let started = execute::unix_micros();
         let id = head.id;
         let verb = match cluster.policy.check(&head.method, &head.path, &head.query) {
             Ok(target) => target.verb,
             Err((target, denied)) => {
                 info!(%account, id, verb = %target.verb, path = %head.path, reason = %denied.message, "relayed request denied");
                 metrics.relay(&account, &target.verb, "denied");
-                if send_status(&tx, id, &denied).await.is_err() {
+                if send_status(&tx, id, &denied, started).await.is_err() {
                     return Err(Error::StreamClosed {
                         account,
                         stream: STREAM,
@@ -203,7 +205,8 @@ pub async fn run(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             metrics.relay(&account, &verb, "busy");
             warn!(%account, id, "too many relayed requests in flight");
-            let error = execute::error(id, 429, "too many requests in flight at the agent");
+            let error =
+                execute::error(id, 429, "too many requests in flight at the agent", started);
             if tx.send(error).await.is_err() {
                 return Err(Error::StreamClosed {
                     account,
@@ -221,7 +224,7 @@ pub async fn run(
         };
         let task = tasks.spawn(async move {
             let _permit = permit;
-            execute::execute(client, head, body, options, tx).await;
+            execute::execute(client, head, body, started, options, tx).await;
             id
         });
         if let Some(old) = running.insert(id, task) {
@@ -231,11 +234,13 @@ pub async fn run(
     }
 }
 
-/// Answers request `id` with the policy's `metav1.Status`.
+/// Answers request `id`, taken at `started`, with the policy's
+/// `metav1.Status`.
 async fn send_status(
     tx: &mpsc::Sender<RelayUp>,
     id: u64,
     denied: &policy::Denied,
+    started: i64,
 ) -> Result<(), mpsc::error::SendError<RelayUp>> {
     let head = RelayUp {
         msg: Some(relay_up::Msg::Head(v1::ResponseHead {
@@ -245,6 +250,7 @@ async fn send_status(
                 name: "content-type".into(),
                 value: b"application/json".to_vec(),
             }],
+            timing: execute::timing(started),
         })),
     };
     tx.send(head).await?;

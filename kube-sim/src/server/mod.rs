@@ -70,10 +70,13 @@ impl Server {
         format!("{scheme}://{}", self.local_addr)
     }
 
-    /// Serves until `shutdown` is cancelled: then stops accepting, ends watches and
-    /// waits (at most [`DEFAULT_DRAIN_GRACE`]) for connections to close.
+    /// Serves, with the simulated kubelet ([`Sim::run_kubelet`]), until `shutdown` is
+    /// cancelled: then stops accepting, ends watches and waits (at most
+    /// [`DEFAULT_DRAIN_GRACE`]) for connections to close.
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let tracker = TaskTracker::new();
+        // The kubelet finishes what graceful pod deletions start.
+        tracker.spawn(self.sim.clone().run_kubelet(shutdown.clone()));
         let ctx = Arc::new(router::Ctx {
             sim: self.sim.clone(),
             shutdown: shutdown.clone(),

@@ -8,6 +8,7 @@
 
 pub(crate) mod crd;
 pub(crate) mod deployments;
+mod kubelet;
 mod list;
 pub(crate) mod meta;
 mod resolve;
@@ -83,6 +84,9 @@ pub(crate) struct State {
     compacted: u64,
     /// The custom resource versions served because a CRD defines them.
     custom: Vec<&'static ResourceInfo>,
+    /// Pods deleted with a grace period, still running until the kubelet
+    /// removes them ([`kubelet`]).
+    terminating: BTreeMap<Key, kubelet::Terminating>,
 }
 
 struct Inner {
@@ -185,6 +189,7 @@ impl Sim {
                     history: VecDeque::new(),
                     compacted: 0,
                     custom: Vec::new(),
+                    terminating: BTreeMap::new(),
                 }),
                 notify: watch::channel(0).0,
                 tokens: Mutex::new(Vec::new()),
@@ -747,6 +752,9 @@ impl Sim {
             );
             return Err(s);
         }
+        if builtin(res) == "pods" && !opts.foreground {
+            return self.delete_pod(st, key, &old, opts);
+        }
         // What the real server answers: graceful kinds return the object marked for
         // deletion, the rest a Success status.
         // (Foreground deletion and CRDs, which carry a finalizer, answer with the object too.)
@@ -819,6 +827,7 @@ impl Sim {
         // Dependents first, the object itself last, as the garbage collector would.
         for k in doomed.into_iter().rev() {
             if let Some(obj) = st.objects.get(&k).cloned() {
+                st.terminating.remove(&k);
                 self.commit(&mut st, k, EventType::Deleted, (*obj).clone());
             }
         }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
 use crate::config::DEFAULT_OPERATION_HISTORY;
-use crate::tunnel::relay::RelayHandle;
+use crate::tunnel::relay::{AgentTimes, RelayHandle};
 
 /// A clonable handle on the registry of accounts.
 #[derive(Debug, Clone)]
@@ -173,11 +173,13 @@ pub struct Operation {
     pub kubectl_command: Option<String>,
     /// The facade received the request.
     pub received: DateTime<Utc>,
-    /// Its head went down the relay stream.
+    /// Its head was handed to the relay stream.
     pub sent_to_agent: Option<DateTime<Utc>>,
-    /// The agent started it (not reported by agents yet).
+    /// The agent had the whole request and began on it, placed on this
+    /// sidecar's clock ([`Operation::place_agent_part`]).
     pub agent_started: Option<DateTime<Utc>>,
-    /// The agent finished it (not reported by agents yet).
+    /// The agent had its answer (response head or failure) and sent it up;
+    /// a streamed body goes on after it. On this sidecar's clock.
     pub agent_finished: Option<DateTime<Utc>>,
     /// The facade answered its client (the response head).
     pub answered: Option<DateTime<Utc>>,
@@ -188,6 +190,52 @@ pub struct Operation {
     /// Why it failed, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+impl Operation {
+    /// The JSON names of the times of its hops, in the order they happen.
+    pub const HOPS: [&str; 5] = [
+        "received",
+        "sentToAgent",
+        "agentStarted",
+        "agentFinished",
+        "answered",
+    ];
+
+    /// Records the agent's part, read on the agent's clock, for a request
+    /// sent at `sent` whose answer arrived here at `arrived`.
+    ///
+    /// The agent cannot have started before the request was sent to it nor
+    /// finished after its answer arrived, so on one clock its interval lies
+    /// within `[sent, arrived]`. Times that already do are kept as they are:
+    /// the clocks agree to within the round trip, which is all this can
+    /// tell. Times that do not show the clocks differ by more than that; the
+    /// interval is then shifted, its length kept, by the least amount that
+    /// makes it fit, so each hop still reads as an upper bound of its real
+    /// length (clipped to the window if longer, which only a clock stepped
+    /// during the request produces). The agent's own estimate of its offset
+    /// to the gateway is not used: it is coarser than this round trip and
+    /// measured against a third clock.
+    pub fn place_agent_part(
+        &mut self,
+        sent: DateTime<Utc>,
+        arrived: DateTime<Utc>,
+        agent: AgentTimes,
+    ) {
+        let arrived = arrived.max(sent);
+        let shift = if agent.started < sent {
+            sent - agent.started
+        } else if agent.finished > arrived {
+            arrived - agent.finished
+        } else {
+            chrono::TimeDelta::zero()
+        };
+        let started = (agent.started + shift).clamp(sent, arrived);
+        let finished = (agent.finished + shift).clamp(started, arrived);
+        self.sent_to_agent = Some(sent);
+        self.agent_started = Some(started);
+        self.agent_finished = Some(finished);
+    }
 }
 
 /// One account.
@@ -218,6 +266,17 @@ struct State {
     connection: CancellationToken,
     registration: Registration,
     operations: VecDeque<Operation>,
+    /// The namespaces its agent watches, as its last cache stream said.
+    scope: NamespaceScope,
+}
+
+/// The namespaces an agent watches for an account (`CacheOpen`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceScope {
+    /// Only these (all when empty).
+    pub namespaces: Vec<String>,
+    /// All but these.
+    pub omit_namespaces: Vec<String>,
 }
 
 /// Locks ignoring poisoning: every critical section leaves the state
@@ -242,6 +301,7 @@ impl Account {
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
                 operations: VecDeque::new(),
+                scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
             changes,
@@ -278,6 +338,18 @@ impl Account {
             s.removed = false;
         }
         self.changed();
+    }
+
+    /// The namespaces its agent watches, from the newest cache stream's
+    /// `open` (set before [`Account::cache_opened`], which wakes whoever
+    /// registers the account).
+    pub fn set_scope(&self, scope: NamespaceScope) {
+        lock(&self.state).scope = scope;
+    }
+
+    /// The namespaces its agent watches.
+    pub fn scope(&self) -> NamespaceScope {
+        lock(&self.state).scope.clone()
     }
 
     /// A cache stream closed; returns whether the account is now offline
@@ -697,7 +769,75 @@ pub fn age_seconds(since: Option<Instant>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use std::time::Duration;
+
+    fn at(micros: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_micros(1_700_000_000_000_000 + micros).unwrap()
+    }
+
+    /// A `GET /api` the facade received at `received`.
+    fn operation(id: u64, received: DateTime<Utc>) -> Operation {
+        Operation {
+            id,
+            method: "GET".into(),
+            path: "/api".into(),
+            query: String::new(),
+            kubectl_command: None,
+            received,
+            sent_to_agent: None,
+            agent_started: None,
+            agent_finished: None,
+            answered: None,
+            status: 200,
+            outcome: Outcome::Answered,
+            message: None,
+        }
+    }
+
+    fn placed(sent: i64, arrived: i64, started: i64, finished: i64) -> (i64, i64) {
+        let mut op = operation(1, at(sent));
+        let agent = AgentTimes {
+            started: at(started),
+            finished: at(finished),
+        };
+        op.place_agent_part(at(sent), at(arrived), agent);
+        assert_eq!(op.sent_to_agent, Some(at(sent)));
+        let micros = |t: Option<DateTime<Utc>>| (t.unwrap() - at(0)).num_microseconds().unwrap();
+        (micros(op.agent_started), micros(op.agent_finished))
+    }
+
+    #[test]
+    fn agent_times_are_kept_when_the_clocks_agree_and_shifted_when_not() {
+        // Within the round trip: as reported.
+        assert_eq!(placed(0, 1000, 200, 700), (200, 700));
+        assert_eq!(placed(0, 1000, 0, 1000), (0, 1000));
+        // An agent clock 5 s behind: moved up to the send, length kept.
+        assert_eq!(placed(0, 1000, -5_000_000, -4_999_600), (0, 400));
+        // 5 s ahead: moved back to the arrival.
+        assert_eq!(placed(0, 1000, 5_000_000, 5_000_300), (700, 1000));
+        // Longer than the window (a clock stepped meanwhile): clipped.
+        assert_eq!(placed(0, 1000, -100, 2000), (0, 1000));
+    }
+
+    proptest! {
+        #[test]
+        fn placed_agent_times_always_fall_between_send_and_arrival(
+            sent in -1_000_000i64..1_000_000,
+            trip in 0i64..1_000_000,
+            started in -10_000_000i64..10_000_000,
+            length in 0i64..2_000_000,
+        ) {
+            let arrived = sent + trip;
+            let (s, f) = placed(sent, arrived, started, started + length);
+            prop_assert!(sent <= s && s <= f && f <= arrived, "{sent} {s} {f} {arrived}");
+            if sent <= started && started + length <= arrived {
+                prop_assert_eq!((s, f), (started, started + length));
+            } else if length <= trip {
+                prop_assert_eq!(f - s, length, "the agent's own duration is kept");
+            }
+        }
+    }
 
     #[test]
     fn seq_tracking_acks_highest_contiguous() {
@@ -748,21 +888,7 @@ mod tests {
         let accounts = Accounts::with_history(2);
         let a = accounts.get_or_create("a");
         for id in 1..=3 {
-            a.record_operation(Operation {
-                id,
-                method: "GET".into(),
-                path: "/api".into(),
-                query: String::new(),
-                kubectl_command: None,
-                received: Utc::now(),
-                sent_to_agent: None,
-                agent_started: None,
-                agent_finished: None,
-                answered: None,
-                status: 200,
-                outcome: Outcome::Answered,
-                message: None,
-            });
+            a.record_operation(operation(id, Utc::now()));
         }
         let ids: Vec<u64> = a.operations().iter().map(|o| o.id).collect();
         assert_eq!(ids, [2, 3]);

@@ -2,7 +2,9 @@
 //! sidecar registers it through Clouddriver's account management API
 //! (`POST {baseUrl}/credentials`, `PUT` when it already exists there) as a
 //! `kubernetes` account whose `kubeconfigContents` points at this sidecar's
-//! facade; when the account is removed after its grace period it is
+//! facade, limited to the namespaces its agent watches; when that definition
+//! changes (the agent watches other namespaces) it is `PUT` again. When the
+//! account is removed after its grace period it is
 //! deregistered (`DELETE {baseUrl}/credentials/{name}`). For Clouddriver
 //! without that API, one kubeconfig file per account is written to (and
 //! removed from) `kubeconfigDir`. Start with [`Registrar`].
@@ -30,7 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::Account;
+use crate::accounts::{Account, NamespaceScope};
 use crate::config::ClouddriverConfig;
 use crate::metrics::Metrics;
 
@@ -38,9 +40,9 @@ use crate::metrics::Metrics;
 pub const ACCOUNT_TYPE: &str = "kubernetes";
 /// The header Clouddriver (Fiat) reads the calling user from.
 pub const USER_HEADER: &str = "X-SPINNAKER-USER";
-/// Bytes escaped in an account name used as a path segment: all but
-/// RFC 3986's unreserved characters.
-const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+/// Bytes escaped in an account name used as a path segment or query
+/// value: all but RFC 3986's unreserved characters.
+pub const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
@@ -59,8 +61,13 @@ enum Wish {
 struct Entry {
     account: Arc<Account>,
     wish: Wish,
+    /// The definition to register (with [`Wish::Registered`]).
+    body: Vec<u8>,
     /// What Clouddriver (and the directory) hold, as far as we know.
     done: Option<Wish>,
+    /// Clouddriver holds a definition of ours for the account: a changed one
+    /// is put over it at once, with no `POST` first.
+    exists: bool,
     failures: u32,
     next_try: Option<Instant>,
 }
@@ -125,13 +132,26 @@ impl Registrar {
         }
     }
 
-    /// Records that `account` should be registered (`true`) or not.
-    /// Idempotent: wishing what is already done makes no call.
+    /// Records that `account` should be registered (`true`) or not, with
+    /// the definition it has now ([`definition`]; it follows the namespaces
+    /// its agent watches). Idempotent: wishing what is already done makes no
+    /// call; a registered account whose definition changed is put again.
     pub fn want(&self, account: &Arc<Account>, registered: bool) {
         let wish = if registered {
             Wish::Registered
         } else {
             Wish::Deregistered
+        };
+        let body = if registered {
+            let def = definition(
+                &self.shared.config,
+                &self.shared.facade_url,
+                account.name(),
+                &account.scope(),
+            );
+            serde_json::to_vec(&def).unwrap_or_default()
+        } else {
+            Vec::new()
         };
         let mut entries = self
             .shared
@@ -139,9 +159,14 @@ impl Registrar {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match entries.get_mut(account.name()) {
-            Some(e) if e.wish == wish => return,
+            Some(e) if e.wish == wish && (wish == Wish::Deregistered || e.body == body) => return,
             Some(e) => {
+                if e.wish == wish {
+                    tracing::info!(account = account.name(), "account definition changed");
+                    e.done = None;
+                }
                 e.wish = wish;
+                e.body = body;
                 e.failures = 0;
                 e.next_try = None;
                 e.account = account.clone();
@@ -153,7 +178,9 @@ impl Registrar {
                     Entry {
                         account: account.clone(),
                         wish,
+                        body,
                         done: None,
+                        exists: false,
                         failures: 0,
                         next_try: None,
                     },
@@ -193,8 +220,15 @@ pub fn kubeconfig(facade_url: &str, account: &str) -> String {
     serde_norway::to_string(&doc).unwrap_or_default()
 }
 
-/// The body of `POST`/`PUT {baseUrl}/credentials` for `account`.
-pub fn definition(config: &ClouddriverConfig, facade_url: &str, account: &str) -> Value {
+/// The body of `POST`/`PUT {baseUrl}/credentials` for `account`, whose
+/// agent watches `scope`: those namespaces, when it names any, else the
+/// configured ones (`clouddriver.account.namespaces`).
+pub fn definition(
+    config: &ClouddriverConfig,
+    facade_url: &str,
+    account: &str,
+    scope: &NamespaceScope,
+) -> Value {
     let a = &config.account;
     let mut def = json!({
         "@type": ACCOUNT_TYPE,
@@ -209,8 +243,13 @@ pub fn definition(config: &ClouddriverConfig, facade_url: &str, account: &str) -
     if let Some(env) = &a.environment {
         def["environment"] = json!(env);
     }
-    if !a.namespaces.is_empty() {
+    if !scope.namespaces.is_empty() {
+        def["namespaces"] = json!(scope.namespaces);
+    } else if !a.namespaces.is_empty() {
         def["namespaces"] = json!(a.namespaces);
+    }
+    if !scope.omit_namespaces.is_empty() {
+        def["omitNamespaces"] = json!(scope.omit_namespaces);
     }
     if !a.permissions.is_empty() {
         def["permissions"] = json!(a.permissions);
@@ -228,12 +267,22 @@ fn backoff(config: &ClouddriverConfig, failures: u32) -> Duration {
     Duration::from_millis(rand::rng().random_range(initial / 2..=cap.max(initial / 2)))
 }
 
+/// One call to make, taken from an [`Entry`] so the lock is not held
+/// across it.
+struct Due {
+    name: String,
+    account: Arc<Account>,
+    wish: Wish,
+    body: Vec<u8>,
+    exists: bool,
+}
+
 async fn work(shared: Arc<Shared>, stop: CancellationToken) {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     loop {
         let now = Instant::now();
-        let due: Vec<(String, Arc<Account>, Wish)> = {
+        let due: Vec<Due> = {
             let entries = shared
                 .entries
                 .lock()
@@ -241,12 +290,25 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
             entries
                 .iter()
                 .filter(|(_, e)| e.done != Some(e.wish) && e.next_try.is_none_or(|t| t <= now))
-                .map(|(n, e)| (n.clone(), e.account.clone(), e.wish))
+                .map(|(n, e)| Due {
+                    name: n.clone(),
+                    account: e.account.clone(),
+                    wish: e.wish,
+                    body: e.body.clone(),
+                    exists: e.exists,
+                })
                 .collect()
         };
-        for (name, account, wish) in due {
+        for Due {
+            name,
+            account,
+            wish,
+            body,
+            exists,
+        } in due
+        {
             let result = match wish {
-                Wish::Registered => register(&shared, &client, &name).await,
+                Wish::Registered => register(&shared, &client, &name, body.clone(), exists).await,
                 Wish::Deregistered => deregister(&shared, &client, &name).await,
             };
             let mut entries = shared
@@ -256,13 +318,14 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
             let Some(e) = entries.get_mut(&name) else {
                 continue;
             };
-            if e.wish != wish {
+            if e.wish != wish || e.body != body {
                 // The wish changed while the call ran; the next pass acts on it.
                 continue;
             }
             match result {
                 Ok(()) => {
                     e.done = Some(wish);
+                    e.exists = wish == Wish::Registered && shared.config.base_url.is_some();
                     e.failures = 0;
                     e.next_try = None;
                     let state = match wish {
@@ -310,10 +373,15 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Registers `name` with the definition `body`: `POST`, then `PUT` when
+/// Clouddriver already has the name; only `PUT` when it `exists` (ours,
+/// changed since).
 async fn register(
     shared: &Shared,
     client: &Client<HttpConnector, Full<Bytes>>,
     name: &str,
+    body: Vec<u8>,
+    exists: bool,
 ) -> Result<(), CallError> {
     if let Some(dir) = &shared.config.kubeconfig_dir {
         let r = write_kubeconfig(dir, name, &kubeconfig(&shared.facade_url, name)).await;
@@ -325,9 +393,14 @@ async fn register(
     let Some(base) = &shared.config.base_url else {
         return Ok(());
     };
-    let body = serde_json::to_vec(&definition(&shared.config, &shared.facade_url, name))
-        .unwrap_or_default();
     let url = format!("{}/credentials", base.trim_end_matches('/'));
+    if exists {
+        let updated = call(shared, client, Method::PUT, &url, Some(body)).await;
+        shared
+            .metrics
+            .registration("clouddriver", "update", updated.is_ok());
+        return updated;
+    }
     let created = call(shared, client, Method::POST, &url, Some(body.clone())).await;
     shared
         .metrics
@@ -478,10 +551,24 @@ mod tests {
             .account
             .permissions
             .insert("READ".into(), vec!["dev".into()]);
-        let def = definition(&config, "http://127.0.0.1:7003/", "prod-1");
+        let def = definition(
+            &config,
+            "http://127.0.0.1:7003/",
+            "prod-1",
+            &NamespaceScope::default(),
+        );
         assert_eq!(def["@type"], "kubernetes");
         assert_eq!(def["name"], "prod-1");
         assert_eq!(def["namespaces"], json!(["a"]));
+        assert!(def.get("omitNamespaces").is_none());
+        // The agent's namespaces win over the configured ones.
+        let scope = NamespaceScope {
+            namespaces: vec!["b".into()],
+            omit_namespaces: vec!["kube-system".into()],
+        };
+        let narrowed = definition(&config, "http://127.0.0.1:7003/", "prod-1", &scope);
+        assert_eq!(narrowed["namespaces"], json!(["b"]));
+        assert_eq!(narrowed["omitNamespaces"], json!(["kube-system"]));
         assert_eq!(def["permissions"]["READ"], json!(["dev"]));
         assert!(def.get("environment").is_none());
         let kc: Value =

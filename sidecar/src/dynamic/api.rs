@@ -69,6 +69,7 @@ fn error(e: &Error) -> Response<Body> {
         Error::Invalid(_) => Status::bad_request(message),
         Error::Conflict { .. } => Status::new(409, "Conflict", message),
         Error::NotFound(_) | Error::NotInClouddriver(_) => Status::not_found_message(message),
+        Error::NotMigratable(_) => Status::new(422, "Invalid", message),
         Error::Clouddriver(_) => Status::new(502, "BadGateway", message),
         Error::Crypto(_) => Status::new(500, "InternalError", message),
         Error::Store(_) => Status::new(503, "ServiceUnavailable", message),

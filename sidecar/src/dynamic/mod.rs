@@ -71,6 +71,10 @@ pub enum Error {
     /// Clouddriver has no such account to migrate (404).
     #[error("Clouddriver has no account {0:?} to migrate")]
     NotInClouddriver(String),
+    /// Clouddriver holds the account, but not in a form this sidecar can
+    /// take over (422): the message says why and what to do instead.
+    #[error("{0}")]
+    NotMigratable(String),
     /// Clouddriver could not be read for a migration (502), or is not
     /// configured (400).
     #[error("migrating from Clouddriver: {0}")]
@@ -335,9 +339,11 @@ impl Dynamic {
         Ok(View::from(&row))
     }
 
-    /// Creates a dynamic account from the definition Clouddriver holds for
-    /// `name` (`GET {baseUrl}/credentials/{name}?expand=true`, its
-    /// `kubeconfigContents`). Once it comes online, the usual registration
+    /// Creates a dynamic account from the definition Clouddriver's account
+    /// storage holds for `name` ([`Dynamic::clouddriver_definition`]): its
+    /// `kubeconfigContents`, or the file its `kubeconfigFile` names when
+    /// this sidecar can read it (the same volume mounted in both
+    /// containers). Once the account comes online, the usual registration
     /// replaces Clouddriver's definition with the facade-backed one.
     pub async fn migrate(&self, name: &str, request: MigrateRequest) -> Result<View> {
         if self.cipher.is_none() {
@@ -345,17 +351,7 @@ impl Dynamic {
         }
         check_name(name)?;
         let definition = self.clouddriver_definition(name).await?;
-        let kubeconfig = definition
-            .get("kubeconfigContents")
-            .and_then(|v| v.as_str())
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| {
-                Error::Clouddriver(format!(
-                    "Clouddriver's account {name:?} has no kubeconfigContents (a kubeconfigFile \
-                     cannot be read from here); post the kubeconfig instead"
-                ))
-            })?
-            .to_owned();
+        let kubeconfig = stored_kubeconfig(name, &definition).await?;
         let strings = |key: &str| -> Vec<String> {
             definition
                 .get(key)
@@ -386,54 +382,154 @@ impl Dynamic {
         Ok(view)
     }
 
+    /// The definition of `name` as Clouddriver's account storage serves it:
+    /// `GET {baseUrl}/credentials/type/kubernetes?limit=1&startingAccountName=`
+    /// (definitions sorted by name from that one on, secret references
+    /// resolved). `GET /credentials/{name}` is no use for this: it shows the
+    /// running account, without its kubeconfig. It only tells an account
+    /// Clouddriver has from its configuration files apart from none at all.
     async fn clouddriver_definition(&self, name: &str) -> Result<serde_json::Value> {
-        let cd = self.clouddriver.as_ref().ok_or_else(|| {
-            Error::Invalid(
-                "migration needs clouddriver.baseUrl in the sidecar configuration".into(),
-            )
-        })?;
-        let base = cd.base_url.as_deref().ok_or_else(|| {
-            Error::Invalid(
-                "migration needs clouddriver.baseUrl in the sidecar configuration".into(),
-            )
-        })?;
-        let segment =
-            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        let cd = self
+            .clouddriver
+            .as_ref()
+            .filter(|cd| cd.base_url.is_some())
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "migration needs clouddriver.baseUrl in the sidecar configuration".into(),
+                )
+            })?;
+        let base = cd
+            .base_url
+            .as_deref()
+            .unwrap_or_default()
+            .trim_end_matches('/');
+        let segment = percent_encoding::utf8_percent_encode(name, crate::clouddriver::SEGMENT);
         let url = format!(
-            "{}/credentials/{segment}?expand=true",
-            base.trim_end_matches('/')
+            "{base}/credentials/type/{}?limit=1&startingAccountName={segment}",
+            crate::clouddriver::ACCOUNT_TYPE
         );
-        let mut request = http::Request::get(&url);
-        if let Some(user) = &cd.user {
-            request = request.header(crate::clouddriver::USER_HEADER, user);
+        let (status, listed) = get_json(cd, &url).await?;
+        if !status.is_success() {
+            return Err(Error::Clouddriver(format!(
+                "GET {url}: HTTP {status} (is Clouddriver's account storage on? \
+                 account.storage.enabled)"
+            )));
         }
-        let request = request
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| Error::Clouddriver(e.to_string()))?;
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build_http();
-        let timeout = Duration::from_secs(cd.request_timeout_seconds.max(1));
-        let response = tokio::time::timeout(timeout, client.request(request))
-            .await
-            .map_err(|_| Error::Clouddriver(format!("GET {url}: timed out")))?
-            .map_err(|e| Error::Clouddriver(format!("GET {url}: {e}")))?;
-        let status = response.status();
-        // Bounded: a definition is a few kilobytes.
-        let body = http_body_util::Limited::new(response.into_body(), 4 << 20)
-            .collect()
-            .await
-            .map_err(|e| Error::Clouddriver(format!("GET {url}: {e}")))?
-            .to_bytes();
+        let found = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d.get("name").and_then(|n| n.as_str()) == Some(name));
+        if let Some(definition) = found {
+            return Ok(definition.clone());
+        }
+        let url = format!("{base}/credentials/{segment}");
+        let (status, _) = get_json(cd, &url).await?;
         if status == http::StatusCode::NOT_FOUND {
             return Err(Error::NotInClouddriver(name.to_owned()));
         }
         if !status.is_success() {
-            // The body could hold the definition: only the status is told.
             return Err(Error::Clouddriver(format!("GET {url}: HTTP {status}")));
         }
-        serde_json::from_slice(&body)
-            .map_err(|_| Error::Clouddriver(format!("GET {url}: the answer is not JSON")))
+        Err(Error::NotMigratable(format!(
+            "Clouddriver serves account {name:?} from its configuration files, not from its \
+             account storage, and does not give out its kubeconfig; create it with POST \
+             /v1/accounts and its kubeconfig, then take it out of those files"
+        )))
     }
+}
+
+/// Largest kubeconfig file a migration reads.
+const MAX_KUBECONFIG_FILE: u64 = 1 << 20;
+
+/// The kubeconfig of Clouddriver's definition of `name`: its
+/// `kubeconfigContents`, else the file `kubeconfigFile` names, read here.
+async fn stored_kubeconfig(name: &str, definition: &serde_json::Value) -> Result<String> {
+    let field = |key: &str| {
+        definition
+            .get(key)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(contents) = field("kubeconfigContents") {
+        return Ok(contents.to_owned());
+    }
+    let instead = "mount the same file into the sidecar at that path, or create the account \
+                   with POST /v1/accounts and its kubeconfig";
+    let Some(file) = field("kubeconfigFile") else {
+        let why = if definition.get("serviceAccount").and_then(|v| v.as_bool()) == Some(true) {
+            "uses Clouddriver's own service account (serviceAccount: true), so there is no \
+             kubeconfig to move; an agent in that cluster serves it instead"
+        } else {
+            "has neither kubeconfigContents nor kubeconfigFile"
+        };
+        return Err(Error::NotMigratable(format!(
+            "Clouddriver's definition of account {name:?} {why}"
+        )));
+    };
+    // Secret references (`encryptedFile:…`) are resolved by Clouddriver's
+    // secret engines, which this sidecar does not have.
+    if !file.starts_with('/') {
+        return Err(Error::NotMigratable(format!(
+            "Clouddriver's definition of account {name:?} names kubeconfigFile {file:?}, which \
+             is not an absolute path this sidecar can read; {instead}"
+        )));
+    }
+    let unreadable = |why: String| {
+        Error::NotMigratable(format!(
+            "Clouddriver's definition of account {name:?} names kubeconfigFile {file:?}, which \
+             this sidecar cannot read ({why}); {instead}"
+        ))
+    };
+    let meta = tokio::fs::metadata(file)
+        .await
+        .map_err(|e| unreadable(e.kind().to_string()))?;
+    if !meta.is_file() || meta.len() > MAX_KUBECONFIG_FILE {
+        return Err(unreadable(format!(
+            "not a file of at most {MAX_KUBECONFIG_FILE} bytes"
+        )));
+    }
+    let bytes = tokio::fs::read(file)
+        .await
+        .map_err(|e| unreadable(e.kind().to_string()))?;
+    String::from_utf8(bytes).map_err(|_| unreadable("not UTF-8 text".into()))
+}
+
+/// GETs `url` from Clouddriver; the status, and the body when it is JSON
+/// (`null` otherwise).
+async fn get_json(
+    cd: &ClouddriverConfig,
+    url: &str,
+) -> Result<(http::StatusCode, serde_json::Value)> {
+    let mut request = http::Request::get(url).header(http::header::ACCEPT, "application/json");
+    if let Some(user) = &cd.user {
+        request = request.header(crate::clouddriver::USER_HEADER, user);
+    }
+    let request = request
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| Error::Clouddriver(e.to_string()))?;
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let timeout = cd.request_timeout();
+    let response = tokio::time::timeout(timeout, client.request(request))
+        .await
+        .map_err(|_| Error::Clouddriver(format!("GET {url}: timed out")))?
+        .map_err(|e| Error::Clouddriver(format!("GET {url}: {e}")))?;
+    let status = response.status();
+    // Bounded: definitions are a few kilobytes. The body is never quoted
+    // in errors: it may hold credentials.
+    let body = http_body_util::Limited::new(response.into_body(), 4 << 20)
+        .collect()
+        .await
+        .map_err(|e| Error::Clouddriver(format!("GET {url}: {e}")))?
+        .to_bytes();
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    if status.is_success() && json.is_null() {
+        return Err(Error::Clouddriver(format!(
+            "GET {url}: the answer is not JSON"
+        )));
+    }
+    Ok((status, json))
 }
 
 /// Names travel in HTTP/2 headers and facade paths: DNS-label characters

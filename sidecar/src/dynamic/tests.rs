@@ -1,9 +1,9 @@
 //! The dynamic accounts API driven through the facade's handler: create,
 //! list, delete, the 503 without a key, the 409 on a fingerprint conflict,
-//! migration from a fake Clouddriver, and kubeconfigs kept out of the
+//! what a migration reads from Clouddriver's definition (the calls to
+//! Clouddriver are in `tests/clouddriver.rs`), and kubeconfigs kept out of the
 //! store's clear text, the answers and the logs.
 
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -250,88 +250,57 @@ async fn bad_names_and_unknown_fields_are_refused() {
     assert!(f.store.dynamic_accounts().await.unwrap().is_empty());
 }
 
-/// A Clouddriver credentials endpoint holding one account definition.
-async fn fake_clouddriver(definition: Value) -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let definition = definition.clone();
-            let record = record.clone();
-            tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let definition = definition.clone();
-                        let record = record.clone();
-                        async move {
-                            let target = req.uri().to_string();
-                            let user = req
-                                .headers()
-                                .get(crate::clouddriver::USER_HEADER)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_owned();
-                            record
-                                .lock()
-                                .unwrap()
-                                .push(format!("{} {target} {user}", req.method()));
-                            let found = target == "/credentials/legacy?expand=true";
-                            let mut resp = http::Response::new(Full::new(Bytes::from(if found {
-                                definition.to_string()
-                            } else {
-                                String::new()
-                            })));
-                            if !found {
-                                *resp.status_mut() = StatusCode::NOT_FOUND;
-                            }
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}"), seen)
+#[tokio::test]
+async fn migration_reads_a_kubeconfig_file_it_can_reach_and_says_why_not_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("legacy.kubeconfig");
+    std::fs::write(&file, kubeconfig(None)).unwrap();
+    let read = stored_kubeconfig(
+        "legacy",
+        &json!({"name": "legacy", "kubeconfigFile": file.display().to_string()}),
+    )
+    .await
+    .unwrap();
+    assert!(read.contains(SECRET));
+    // Contents win over a file.
+    let both = json!({"name": "legacy", "kubeconfigContents": "inline",
+                      "kubeconfigFile": file.display().to_string()});
+    assert_eq!(stored_kubeconfig("legacy", &both).await.unwrap(), "inline");
+
+    let refused = |definition: Value, says: &'static str| async move {
+        let e = stored_kubeconfig("legacy", &definition).await.unwrap_err();
+        assert!(matches!(e, Error::NotMigratable(_)), "{e:?}");
+        let message = e.to_string();
+        assert!(message.contains(says), "{message}");
+        assert!(!message.contains(SECRET), "{message}");
+    };
+    let missing = dir.path().join("absent.kubeconfig").display().to_string();
+    refused(
+        json!({"kubeconfigFile": missing}),
+        "cannot read (entity not found)",
+    )
+    .await;
+    refused(
+        json!({"kubeconfigFile": "encryptedFile:s3!r:us-west-2!b:b!f:kc"}),
+        "not an absolute path",
+    )
+    .await;
+    refused(
+        json!({"kubeconfigFile": dir.path().display().to_string()}),
+        "not a file",
+    )
+    .await;
+    refused(json!({"serviceAccount": true}), "own service account").await;
+    refused(json!({"name": "legacy"}), "neither kubeconfigContents nor").await;
+    // Every refusal names what to do instead.
+    let e = stored_kubeconfig("legacy", &json!({"kubeconfigFile": "rel/kc"}))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("POST /v1/accounts"), "{e}");
 }
 
 #[tokio::test]
-async fn migration_reads_clouddriver_credentials_and_creates_the_account() {
-    let ca = ca();
-    let definition = json!({"name": "legacy", "type": "kubernetes", "context": "c",
-        "namespaces": ["apps"], "kubeconfigContents": kubeconfig(Some(&ca))});
-    let (base, seen) = fake_clouddriver(definition).await;
-    let cd: ClouddriverConfig = serde_json::from_value(json!({"baseUrl": base, "user": "admin"}))
-        .expect("clouddriver config");
-    let f = fixture(true, Some(cd)).await;
-    let (status, answer) = call(
-        &f,
-        Method::POST,
-        "/v1/accounts/legacy/migrate",
-        Some(json!({"zone": "eu"})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{answer}");
-    assert!(!answer.contains(SECRET));
-    let row = f.store.dynamic_account("legacy").await.unwrap().unwrap();
-    assert_eq!(row.zone, "eu");
-    assert_eq!(row.namespaces, ["apps"]);
-    assert_eq!(row.context, "c");
-    let cipher = Cipher::new(&[42; crypto::KEY_LEN]).unwrap();
-    let opened = String::from_utf8(cipher.open("legacy", &row.sealed_kubeconfig).unwrap()).unwrap();
-    assert!(opened.contains(SECRET));
-    assert_eq!(
-        seen.lock().unwrap().as_slice(),
-        ["GET /credentials/legacy?expand=true admin"]
-    );
-    // An account Clouddriver does not know is a 404.
-    let (status, answer) = call(&f, Method::POST, "/v1/accounts/missing/migrate", None).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert!(answer.contains("Clouddriver has no account"), "{answer}");
-    // Without Clouddriver configured, the answer says so.
+async fn migration_without_clouddriver_configured_says_so() {
     let f = fixture(true, None).await;
     let (status, answer) = call(&f, Method::POST, "/v1/accounts/legacy/migrate", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);

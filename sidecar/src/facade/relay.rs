@@ -255,16 +255,19 @@ where
         end_stream,
     };
     let mut op = op;
+    // Stamped before the send: the wait for room in the stream is part of
+    // the trip to the agent, and the agent cannot start before this.
+    let sent = chrono::Utc::now();
     if handle.send(relay_down::Msg::Head(head)).await.is_err() {
         guard.done = true;
         let status = Status::unavailable("the relay stream to the agent closed");
         return fail(&account, op, Outcome::Unavailable, status);
     }
-    op.sent_to_agent = Some(chrono::Utc::now());
+    op.sent_to_agent = Some(sent);
     if !end_stream {
         tokio::spawn(send_body(handle.clone(), id, body));
     }
-    let head = match tokio::time::timeout(timeout, exchange.head).await {
+    let answer = match tokio::time::timeout(timeout, exchange.head).await {
         Err(_) => {
             let status = Status::timeout(format!(
                 "the agent did not answer within {}s",
@@ -277,11 +280,17 @@ where
             let status = Status::unavailable("the relay stream to the agent closed");
             return fail(&account, op, Outcome::Unavailable, status);
         }
-        Ok(Ok(Err(failure))) => {
+        Ok(Ok(answer)) => answer,
+    };
+    if let Some(agent) = answer.agent {
+        op.place_agent_part(sent, chrono::Utc::now(), agent);
+    }
+    let head = match answer.head {
+        Err(failure) => {
             guard.done = true;
             return fail(&account, op, Outcome::Failed, failure);
         }
-        Ok(Ok(Ok(head))) => head,
+        Ok(head) => head,
     };
     let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut rx = exchange.body;
@@ -341,10 +350,16 @@ fn fold_into_cache(account: &Account, kind: &KindKey, body: &[u8], method: &http
     if object.get("kind").and_then(|k| k.as_str()) == Some("Status") {
         return;
     }
+    // A DELETE answered with the object leaves it in place while finalizers
+    // run or its grace period does (a pod stops its containers first); the
+    // watch brings its removal. Only an object with neither is gone now.
     let meta = &object["metadata"];
-    let finalizing = meta.get("deletionTimestamp").is_some()
-        && meta["finalizers"].as_array().is_some_and(|f| !f.is_empty());
-    let gone = *method == http::Method::DELETE && !finalizing;
+    let finalizing = meta["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+    let terminating = meta["deletionGracePeriodSeconds"]
+        .as_i64()
+        .is_some_and(|g| g > 0);
+    let pending = meta.get("deletionTimestamp").is_some() && (finalizing || terminating);
+    let gone = *method == http::Method::DELETE && !pending;
     account.write_cache().fold_write(kind, &object, gone);
 }
 

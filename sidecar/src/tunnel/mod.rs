@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, NamespaceScope};
 use crate::handover::Handover;
 use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
@@ -198,10 +198,14 @@ impl Tunnel for TunnelService {
         let (name, identity) = verified(request.metadata())?;
         let mut inbound = request.into_inner();
         let open = first(&mut inbound).await?;
-        let fingerprint = match &open.msg {
+        let (fingerprint, scope) = match &open.msg {
             Some(cache_up::Msg::Open(o)) => {
                 check_open(&o.account, &name)?;
-                o.ca_fingerprint.clone()
+                let scope = NamespaceScope {
+                    namespaces: o.namespaces.clone(),
+                    omit_namespaces: o.omit_namespaces.clone(),
+                };
+                (o.ca_fingerprint.clone(), scope)
             }
             _ => return Err(Status::invalid_argument("the first message must be open")),
         };
@@ -250,6 +254,7 @@ impl Tunnel for TunnelService {
             }
         }
         let account = self.accounts.get_or_create(&name);
+        account.set_scope(scope);
         account.cache_opened(&identity);
         tracing::info!(account = %name, agent = %identity, "cache stream open");
         if let Err(e) = self

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use spinlink_proto::v1::{self, relay_down, relay_up};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -41,9 +42,49 @@ pub struct Head {
 /// What a relayed request's head resolves to.
 pub type HeadResult = Result<Head, Status>;
 
+/// When the agent took a request and when it had the answer, as the agent's
+/// clock read them (`AgentTiming`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentTimes {
+    /// The request had arrived whole and the agent began on it.
+    pub started: DateTime<Utc>,
+    /// The agent had its answer (response head or failure) and sent it up.
+    pub finished: DateTime<Utc>,
+}
+
+impl AgentTimes {
+    /// Reads the wire's timing; `None` when the agent sent none (an agent
+    /// older than the field) or nonsense.
+    pub fn from_wire(timing: Option<v1::AgentTiming>) -> Option<Self> {
+        let t = timing?;
+        let started = DateTime::from_timestamp_micros(t.started_unix_micros)?;
+        let finished = DateTime::from_timestamp_micros(t.finished_unix_micros)?;
+        (t.started_unix_micros > 0 && started <= finished).then_some(Self { started, finished })
+    }
+}
+
+/// The agent's answer to a relayed request's head: the head or the failure
+/// to report, and the agent's timing when it sent one.
+#[derive(Debug)]
+pub struct Answer {
+    /// The response head, or the failure to report.
+    pub head: HeadResult,
+    /// The agent's part, on its own clock.
+    pub agent: Option<AgentTimes>,
+}
+
+impl Answer {
+    fn failed(status: Status) -> Self {
+        Self {
+            head: Err(status),
+            agent: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
-    head: Option<oneshot::Sender<HeadResult>>,
+    head: Option<oneshot::Sender<Answer>>,
     body: mpsc::Sender<Bytes>,
 }
 
@@ -51,7 +92,7 @@ struct Pending {
 #[derive(Debug)]
 pub struct Exchange {
     /// Resolves with the response head or the failure to report.
-    pub head: oneshot::Receiver<HeadResult>,
+    pub head: oneshot::Receiver<Answer>,
     /// The response body's chunks; closed when the body ends.
     pub body: mpsc::Receiver<Bytes>,
 }
@@ -151,15 +192,18 @@ impl RelayHandle {
             return;
         };
         let status = u16::try_from(head.status).unwrap_or(502);
-        let head_value = Head {
-            status,
-            headers: head
-                .headers
-                .into_iter()
-                .map(|h| (h.name, h.value))
-                .collect(),
+        let answer = Answer {
+            head: Ok(Head {
+                status,
+                headers: head
+                    .headers
+                    .into_iter()
+                    .map(|h| (h.name, h.value))
+                    .collect(),
+            }),
+            agent: AgentTimes::from_wire(head.timing),
         };
-        if tx.send(Ok(head_value)).is_err() {
+        if tx.send(answer).is_err() {
             // The client went away while the agent was answering.
             pending.remove(&head.id);
             drop(pending);
@@ -201,7 +245,10 @@ impl RelayHandle {
         };
         tracing::debug!(id = error.id, status = error.status, message = %error.message, "relayed request failed in the agent");
         if let Some(tx) = p.head.take() {
-            let _ = tx.send(Err(Status::from_code(error.status, error.message)));
+            let _ = tx.send(Answer {
+                head: Err(Status::from_code(error.status, error.message)),
+                agent: AgentTimes::from_wire(error.timing),
+            });
         }
         // With a head already sent, dropping the sender ends the body.
     }
@@ -211,7 +258,7 @@ impl RelayHandle {
         let drained: Vec<Pending> = self.pending().drain().map(|(_, p)| p).collect();
         for mut p in drained {
             if let Some(tx) = p.head.take() {
-                let _ = tx.send(Err(Status::unavailable(
+                let _ = tx.send(Answer::failed(Status::unavailable(
                     "the relay stream to the agent closed before it answered",
                 )));
             }
@@ -264,6 +311,10 @@ mod tests {
                 name: "content-type".into(),
                 value: b"application/json".to_vec(),
             }],
+            timing: Some(v1::AgentTiming {
+                started_unix_micros: 1_700_000_000_000_000,
+                finished_unix_micros: 1_700_000_000_002_500,
+            }),
         }
     }
 
@@ -283,8 +334,13 @@ mod tests {
         h.on_head(head(1));
         h.on_body(chunk(1, b"ab", false));
         h.on_body(chunk(1, b"cd", true));
-        let got = ex.head.await.unwrap().unwrap();
-        assert_eq!(got.status, 201);
+        let got = ex.head.await.unwrap();
+        let agent = got.agent.unwrap();
+        assert_eq!(
+            agent.finished - agent.started,
+            chrono::Duration::microseconds(2500)
+        );
+        assert_eq!(got.head.unwrap().status, 201);
         assert_eq!(ex.body.recv().await.unwrap(), "ab");
         assert_eq!(ex.body.recv().await.unwrap(), "cd");
         assert!(ex.body.recv().await.is_none());
@@ -300,8 +356,11 @@ mod tests {
             id: 7,
             status: 0,
             message: "api server unreachable".into(),
+            timing: None,
         });
-        let f = ex.head.await.unwrap().unwrap_err();
+        let answer = ex.head.await.unwrap();
+        assert_eq!(answer.agent, None, "an older agent reports no timing");
+        let f = answer.head.unwrap_err();
         assert_eq!(f.code, 502);
         assert_eq!(f.message, "api server unreachable");
     }
@@ -312,7 +371,7 @@ mod tests {
         let h = RelayHandle::new(tx);
         let ex = h.register(1);
         h.fail_all();
-        assert_eq!(ex.head.await.unwrap().unwrap_err().code, 503);
+        assert_eq!(ex.head.await.unwrap().head.unwrap_err().code, 503);
     }
 
     #[tokio::test]

@@ -107,13 +107,23 @@ pub struct CacheStream {
 
 impl CacheStream {
     pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        Self::open_with(client, account, &[]).await
+    }
+
+    /// Opens the stream of an agent watching only `namespaces` of the account.
+    pub async fn open_with(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        namespaces: &[&str],
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
             seq: 1,
             msg: Some(cache_up::Msg::Open(v1::CacheOpen {
                 account: account.into(),
                 agent_id: "test".into(),
-                ca_fingerprint: String::new(),
+                namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+                ..v1::CacheOpen::default()
             })),
         })
         .await?;
@@ -278,6 +288,19 @@ pub async fn request(
         headers,
         body,
     })
+}
+
+/// [`request`] in a task of its own: for a request the played agent has to
+/// answer before it completes.
+pub fn spawn_request(
+    client: &HttpClient,
+    method: &'static str,
+    url: &str,
+    headers: &'static [(&'static str, &'static str)],
+    body: &'static str,
+) -> tokio::task::JoinHandle<anyhow::Result<Answer>> {
+    let (client, url) = (client.clone(), url.to_owned());
+    tokio::spawn(async move { request(&client, method, &url, headers, body).await })
 }
 
 pub async fn get(client: &HttpClient, url: &str) -> anyhow::Result<Answer> {
