@@ -194,6 +194,7 @@ pub fn hello(data: &[u8]) {
         remote: ([127, 0, 0, 1], 1).into(),
         grants: Arc::default(),
         bootstrap: None,
+        tokens: Arc::default(),
     };
     match hello_service().answer(&peer, &request, SystemTime::now()) {
         Ok(response) => {

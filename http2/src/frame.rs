@@ -179,12 +179,18 @@ impl Head {
 
     /// Appends the header to `out`. `len` must fit in 24 bits.
     pub fn write(self, out: &mut BytesMut) {
+        out.put_slice(&self.to_bytes());
+    }
+
+    /// The header's nine bytes. `len` must fit in 24 bits.
+    pub fn to_bytes(self) -> [u8; HEAD_LEN] {
         debug_assert!(self.len <= MAX_MAX_FRAME_SIZE as usize);
         let len = (self.len as u32).to_be_bytes();
-        out.put_slice(&len[1..]);
-        out.put_u8(self.kind);
-        out.put_u8(self.flags);
-        out.put_u32(self.stream & MAX_WINDOW);
+        let stream = (self.stream & MAX_WINDOW).to_be_bytes();
+        [
+            len[1], len[2], len[3], self.kind, self.flags, stream[0], stream[1], stream[2],
+            stream[3],
+        ]
     }
 
     fn has(self, f: u8) -> bool {

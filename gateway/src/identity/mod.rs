@@ -78,6 +78,8 @@ pub struct AgentPeer {
     /// On a connection without a certificate: the verified bootstrap JWT of
     /// this `Hello`, whose accounts claim grants instead of the policy.
     pub bootstrap: Option<Arc<jwt::Bootstrap>>,
+    /// The channel tokens already verified on the connection.
+    pub tokens: Arc<crate::token::VerifiedTokens>,
 }
 
 #[derive(Debug, Clone)]

@@ -10,14 +10,13 @@
 //! handle frames (bounded, for fairness, and paused while too much waits to
 //! be written); write. It never blocks reading on writing or the reverse.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use spinlink_http2::frame::{self, Frame, FrameError, HEAD_LEN, Head, Reason, Settings};
 use spinlink_http2::hpack::{self, Decoder};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -230,7 +229,7 @@ pub struct Conn<IO, R> {
     decoder: Decoder,
     /// A header block awaiting its CONTINUATION frames.
     partial: Option<(u32, BytesMut, bool)>,
-    streams: HashMap<u32, InStream>,
+    streams: super::StreamMap<InStream>,
     /// Server side: the highest stream id the peer opened.
     last_peer_id: u32,
     /// What the peer may still send on the connection.
@@ -284,7 +283,7 @@ where
             },
             decoder: Decoder::new(local.header_table_size as usize),
             partial: None,
-            streams: HashMap::new(),
+            streams: super::StreamMap::default(),
             last_peer_id: 0,
             recv_window: i64::from(local.conn_window.max(frame::DEFAULT_WINDOW)),
             conn_unreleased: 0,
@@ -651,12 +650,23 @@ where
     }
 
     fn on_header_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
-        let mut fields = Fields::with_capacity(12);
+        // Every name and value in one buffer, the fields slices of it: one
+        // allocation per block, and forwarding them copies nothing.
+        let mut all = BytesMut::with_capacity(block.len() * 2);
+        let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(12);
         let mut list_size = 0usize;
         let decoded = self.decoder.decode(block, |n, v, _| {
             list_size += n.len() + v.len() + 32;
-            fields.push((Bytes::copy_from_slice(n), Bytes::copy_from_slice(v)));
+            let start = all.len();
+            all.extend_from_slice(n);
+            all.extend_from_slice(v);
+            spans.push((start, start + n.len(), all.len()));
         });
+        let all = all.freeze();
+        let fields: Fields = spans
+            .iter()
+            .map(|&(a, b, c)| (all.slice(a..b), all.slice(b..c)))
+            .collect();
         if let Err(e) = decoded {
             tracing::debug!(link = %self.link.name(), error = %e, "HPACK decoding failed");
             return self.error(Reason::COMPRESSION_ERROR, "header block does not decode");

@@ -16,7 +16,7 @@
 //! delivered after it is released ([`Deliver`]).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
@@ -164,7 +164,7 @@ pub struct Out {
     /// The peer's SETTINGS_MAX_FRAME_SIZE.
     max_frame: usize,
     encoder: Encoder,
-    streams: HashMap<u32, OutStream>,
+    streams: super::StreamMap<OutStream>,
     /// Streams with queued frames, in the order they blocked.
     blocked: VecDeque<u32>,
     /// Credits from other links for this connection's received data.
@@ -219,7 +219,7 @@ impl Link {
                 initial_window: i64::from(frame::DEFAULT_WINDOW),
                 max_frame: frame::DEFAULT_MAX_FRAME_SIZE as usize,
                 encoder,
-                streams: HashMap::new(),
+                streams: super::StreamMap::default(),
                 blocked: VecDeque::new(),
                 credits: Vec::new(),
                 ended: Vec::new(),
@@ -584,7 +584,11 @@ impl Out {
     }
 
     fn encode_headers(&mut self, id: u32, fields: &Fields, end: bool) {
-        let mut block = BytesMut::new();
+        // Encoded in place after room for the frame header, which is filled
+        // in once the block's length is known; a block longer than a frame
+        // (rare) is split into CONTINUATIONs.
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&[0; frame::HEAD_LEN]);
         self.encoder.encode(
             fields.iter().map(|(n, v)| {
                 // Tokens and credentials are never put in a table.
@@ -595,9 +599,26 @@ impl Out {
                 };
                 (&n[..], &v[..], indexing)
             }),
-            &mut block,
+            &mut self.buf,
         );
-        frame::write_headers(&mut self.buf, id, &block, end, self.max_frame);
+        let len = self.buf.len() - at - frame::HEAD_LEN;
+        if len <= self.max_frame {
+            let mut flags = frame::flag::END_HEADERS;
+            if end {
+                flags |= frame::flag::END_STREAM;
+            }
+            let head = frame::Head {
+                len,
+                kind: frame::kind::HEADERS,
+                flags,
+                stream: id,
+            };
+            self.buf[at..at + frame::HEAD_LEN].copy_from_slice(&head.to_bytes());
+        } else {
+            let block = self.buf.split_off(at + frame::HEAD_LEN);
+            self.buf.truncate(at);
+            frame::write_headers(&mut self.buf, id, &block, end, self.max_frame);
+        }
     }
 
     /// The stream's sending half is done: forget it and tell the task.

@@ -28,3 +28,53 @@ pub mod client;
 pub mod conn;
 pub mod link;
 pub mod server;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+/// A map keyed by stream id.
+pub type StreamMap<V> = HashMap<u32, V, StreamIds>;
+
+/// Hashing for stream ids: one multiply instead of SipHash, keyed per map
+/// at random so a peer choosing its stream ids cannot choose collisions.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamIds {
+    key: u64,
+}
+
+impl Default for StreamIds {
+    fn default() -> Self {
+        Self {
+            key: rand::random(),
+        }
+    }
+}
+
+impl BuildHasher for StreamIds {
+    type Hasher = IdHasher;
+
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher(self.key)
+    }
+}
+
+/// See [`StreamIds`].
+#[derive(Debug, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        // The high bits carry the multiply's mixing; hashbrown uses both ends.
+        self.0 ^ (self.0 >> 29)
+    }
+}

@@ -232,15 +232,10 @@ impl AgentRole {
         };
         let instance = lease.instance().clone();
         let upstream = instance.upstream();
-        let regular: Vec<(&[u8], &[u8])> = fields
-            .iter()
-            .filter(|(n, _)| n.first() != Some(&b':'))
-            .map(|(n, v)| (&n[..], &v[..]))
-            .collect();
         let up_fields = match proxy::upstream_head(
-            field(fields, b":method"),
-            method,
-            &regular,
+            field_bytes(fields, b":method"),
+            field_bytes(fields, b":path"),
+            fields,
             upstream.target(),
             peer,
             &admitted,
@@ -456,6 +451,14 @@ fn field<'a>(fields: &'a Fields, name: &[u8]) -> &'a str {
         .unwrap_or("")
 }
 
+/// The value of field `name` (empty if absent), sharing the block's buffer.
+fn field_bytes(fields: &Fields, name: &[u8]) -> Bytes {
+    fields
+        .iter()
+        .find(|(n, _)| &n[..] == name)
+        .map_or_else(Bytes::new, |(_, v)| v.clone())
+}
+
 /// A gRPC message: uncompressed flag, length, then the protobuf.
 fn grpc_message(m: &impl prost::Message) -> Bytes {
     let len = m.encoded_len();
@@ -493,7 +496,7 @@ pub async fn serve<IO>(
         Arc::from(remote.to_string()),
         local.preamble(Side::Server),
         // Answers to agents are a few short fields: no table kept per connection.
-        spinlink_http2::hpack::Encoder::new(0),
+        spinlink_http2::hpack::Encoder::new(0).without_huffman(),
     );
     let now = Instant::now();
     let role = AgentRole {

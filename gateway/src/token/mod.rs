@@ -197,5 +197,67 @@ impl TokenKey {
     }
 }
 
+/// The channel tokens already verified on one connection, so a stream that
+/// presents one again costs a comparison, not an HMAC. An entry is exact:
+/// the same identity, account and token text, and still unexpired; since
+/// the connection's binding is fixed, that is the check the HMAC made. At
+/// most [`VerifiedTokens::MAX`] are kept, the oldest replaced.
+#[derive(Debug, Default)]
+pub struct VerifiedTokens {
+    entries: std::sync::Mutex<Vec<Verified>>,
+}
+
+#[derive(Debug)]
+struct Verified {
+    identity: std::sync::Arc<str>,
+    account: Box<str>,
+    token: Box<str>,
+    expiry: u64,
+}
+
+impl VerifiedTokens {
+    /// Most tokens kept per connection (one per account it serves, and the
+    /// renewed ones during rotation).
+    pub const MAX: usize = 64;
+
+    /// Checks `token` as [`TokenKey::verify`] does, from this connection's
+    /// record when it holds the token, else with `key` (recording success).
+    pub fn verify(
+        &self,
+        key: &TokenKey,
+        token: &str,
+        claims: Claims<'_>,
+        now: SystemTime,
+    ) -> Result<u64, Refused> {
+        let seen = |v: &Verified| {
+            *v.token == *token && *v.account == *claims.account && *v.identity == *claims.identity
+        };
+        {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = entries.iter().find(|v| seen(v)) {
+                if unix_seconds(now) >= v.expiry {
+                    return Err(Refused::Expired);
+                }
+                return Ok(v.expiry);
+            }
+        }
+        let expiry = key.verify(token, claims, now)?;
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        // Expired ones go first; past the bound, the oldest.
+        let at = unix_seconds(now);
+        entries.retain(|v| v.expiry > at);
+        if entries.len() >= Self::MAX {
+            entries.remove(0);
+        }
+        entries.push(Verified {
+            identity: claims.identity.into(),
+            account: claims.account.into(),
+            token: token.into(),
+            expiry,
+        });
+        Ok(expiry)
+    }
+}
+
 #[cfg(test)]
 mod tests;

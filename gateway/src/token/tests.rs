@@ -155,3 +155,50 @@ proptest! {
         prop_assert!(key.verify(&URL_SAFE_NO_PAD.encode(&raw), c, at(NOW)).is_err());
     }
 }
+
+#[test]
+fn a_token_seen_on_its_connection_is_taken_without_a_second_hmac_but_still_exactly() {
+    let key = TokenKey::generate().unwrap();
+    let seen = VerifiedTokens::default();
+    let binding = ConnectionBinding([3; 32]);
+    let claims = Claims {
+        binding: &binding,
+        identity: "id-1",
+        account: "acct",
+    };
+    let t0 = UNIX_EPOCH + Duration::from_secs(1_000);
+    let (token, expiry) = key.issue(claims, t0, Duration::from_secs(60)).unwrap();
+    assert_eq!(seen.verify(&key, token.expose(), claims, t0), Ok(expiry));
+    // Recorded: a key that could not verify it still accepts it here…
+    let other_key = TokenKey::generate().unwrap();
+    assert_eq!(
+        seen.verify(&other_key, token.expose(), claims, t0),
+        Ok(expiry)
+    );
+    // …but only for the same identity and account, and not once expired.
+    let other_account = Claims {
+        account: "acct-2",
+        ..claims
+    };
+    assert!(
+        seen.verify(&key, token.expose(), other_account, t0)
+            .is_err()
+    );
+    let other_identity = Claims {
+        identity: "id-2",
+        ..claims
+    };
+    assert!(
+        seen.verify(&key, token.expose(), other_identity, t0)
+            .is_err()
+    );
+    let late = UNIX_EPOCH + Duration::from_secs(expiry);
+    assert_eq!(
+        seen.verify(&key, token.expose(), claims, late),
+        Err(Refused::Expired)
+    );
+    // A forged token is never recorded.
+    let forged = "A".repeat(token.expose().len());
+    assert!(seen.verify(&key, &forged, claims, t0).is_err());
+    assert!(seen.verify(&other_key, &forged, claims, t0).is_err());
+}

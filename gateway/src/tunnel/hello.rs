@@ -319,6 +319,7 @@ mod tests {
             remote: "127.0.0.1:1".parse().unwrap(),
             grants: Arc::default(),
             bootstrap: None,
+            tokens: Arc::default(),
         };
         let now = UNIX_EPOCH + Duration::from_secs(1_000);
         let req = HelloRequest {
@@ -371,6 +372,7 @@ mod tests {
                 accounts: accounts.build().unwrap(),
                 expires_at: 1_030,
             })),
+            tokens: Arc::default(),
         };
         let now = UNIX_EPOCH + Duration::from_secs(1_000);
         let req = HelloRequest {

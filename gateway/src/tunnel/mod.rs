@@ -107,6 +107,8 @@ pub struct ConnState {
     /// The agent id the last `Hello` on this connection stated; an
     /// `Assignments` stream must name the same.
     hello_agent: Mutex<Option<Arc<str>>>,
+    /// Channel tokens verified on this connection.
+    tokens: Arc<crate::token::VerifiedTokens>,
 }
 
 impl ConnState {
@@ -215,6 +217,7 @@ impl ConnPeer {
             remote: self.remote,
             grants: self.control.grants.clone(),
             bootstrap: None,
+            tokens: self.control.tokens.clone(),
         })
     }
 
@@ -278,6 +281,7 @@ impl ConnPeer {
             remote,
             grants: self.control.grants.clone(),
             bootstrap: Some(Arc::new(bootstrap)),
+            tokens: self.control.tokens.clone(),
         })
     }
 }

@@ -103,7 +103,10 @@ pub fn admit_channel(
         identity,
         account,
     };
-    if let Err(refused) = shared.tokens.verify(token, claims, SystemTime::now()) {
+    if let Err(refused) = peer
+        .tokens
+        .verify(&shared.tokens, token, claims, SystemTime::now())
+    {
         return Err(refuse(shared, peer, account, method, &refused.to_string()));
     }
     let slot = take_slot(shared, peer, account, method)?;
@@ -272,14 +275,19 @@ where
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let headers: Vec<(&[u8], &[u8])> = parts
+    let headers: Vec<(Bytes, Bytes)> = parts
         .headers
         .iter()
-        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .map(|(n, v)| {
+            (
+                Bytes::copy_from_slice(n.as_str().as_bytes()),
+                Bytes::copy_from_slice(v.as_bytes()),
+            )
+        })
         .collect();
     let fields = match upstream_head(
-        parts.method.as_str(),
-        &path,
+        Bytes::copy_from_slice(parts.method.as_str().as_bytes()),
+        Bytes::from(path),
         &headers,
         upstream.target(),
         peer,
@@ -389,13 +397,14 @@ pub fn log_carried(shared: &Shared, identity: &str, account: &str, method: &str,
 /// [`upstream_fields`] for an admitted stream of `peer`; a head that
 /// cannot be sent is logged and becomes the `Internal` status to answer.
 pub fn upstream_head(
-    method: &str,
-    path: &str,
-    headers: &[(&[u8], &[u8])],
+    method: Bytes,
+    path: Bytes,
+    headers: &[(Bytes, Bytes)],
     target: &Target,
     peer: &AgentPeer,
     admitted: &Admitted,
 ) -> Result<Fields, Status> {
+    let shown = String::from_utf8_lossy(&path).into_owned();
     upstream_fields(
         method,
         path,
@@ -408,7 +417,7 @@ pub fn upstream_head(
         tracing::warn!(
             identity = &*peer.identity,
             account = admitted.key,
-            method = path,
+            method = shown,
             message,
             "stream not forwardable"
         );
@@ -420,10 +429,10 @@ pub fn upstream_head(
 /// the upstream's scheme and authority; the agent's headers minus those
 /// [`dropped`] names; the verified identity and `verified` headers added.
 /// `headers` are the agent's regular (non-pseudo) fields.
-pub fn upstream_fields<'a>(
-    method: &str,
-    path: &str,
-    headers: &[(&'a [u8], &'a [u8])],
+pub fn upstream_fields(
+    method: Bytes,
+    path: Bytes,
+    headers: &[(Bytes, Bytes)],
     target: &Target,
     identity: &str,
     verified: &[(&'static str, String)],
@@ -436,15 +445,12 @@ pub fn upstream_fields<'a>(
     // Names the `Connection` header lists are hop-by-hop as well.
     let listed: Vec<&[u8]> = headers
         .iter()
-        .filter(|(n, _)| *n == b"connection")
+        .filter(|(n, _)| &n[..] == b"connection")
         .flat_map(|(_, v)| v.split(|&b| b == b','))
         .map(|n| n.trim_ascii())
         .collect();
-    let mut fields = Fields::with_capacity(12);
-    fields.push((
-        Bytes::from_static(b":method"),
-        Bytes::copy_from_slice(method.as_bytes()),
-    ));
+    let mut fields = Fields::with_capacity(headers.len() + 6);
+    fields.push((Bytes::from_static(b":method"), method));
     fields.push((
         Bytes::from_static(b":scheme"),
         Bytes::copy_from_slice(target.scheme().as_str().as_bytes()),
@@ -453,13 +459,11 @@ pub fn upstream_fields<'a>(
         Bytes::from_static(b":authority"),
         Bytes::copy_from_slice(target.authority().as_str().as_bytes()),
     ));
-    fields.push((
-        Bytes::from_static(b":path"),
-        Bytes::copy_from_slice(path.as_bytes()),
-    ));
-    for &(name, v) in headers {
-        if !dropped(name, v, &listed) {
-            fields.push((Bytes::copy_from_slice(name), Bytes::copy_from_slice(v)));
+    fields.push((Bytes::from_static(b":path"), path));
+    // Sliced, not copied: they share the agent's decoded header block.
+    for (name, v) in headers {
+        if name.first() != Some(&b':') && !dropped(name, v, &listed) {
+            fields.push((name.clone(), v.clone()));
         }
     }
     fields.push((

@@ -378,7 +378,8 @@ impl Upstream {
             Side::Client,
             Arc::from(self.target.url.as_str()),
             local.preamble(Side::Client),
-            spinlink_http2::hpack::Encoder::new(crate::relay::client::ENCODER_TABLE),
+            spinlink_http2::hpack::Encoder::new(crate::relay::client::ENCODER_TABLE)
+                .without_huffman(),
         );
         tokio::spawn(crate::relay::client::run(crate::relay::client::Dial {
             link: link.clone(),

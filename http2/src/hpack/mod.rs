@@ -218,9 +218,14 @@ fn encode_integer(out: &mut BytesMut, value: usize, prefix: u8, flags: u8) {
     out.put_u8(rest as u8);
 }
 
-/// Appends a string literal, Huffman-coded when that is shorter (§5.2).
-fn encode_string(out: &mut BytesMut, s: &[u8]) {
-    let coded = huffman::encoded_len(s);
+/// Appends a string literal (§5.2), with `huffman` Huffman-coded when that
+/// is shorter.
+fn encode_string(out: &mut BytesMut, s: &[u8], huffman: bool) {
+    let coded = if huffman {
+        huffman::encoded_len(s)
+    } else {
+        usize::MAX
+    };
     if coded < s.len() {
         encode_integer(out, coded, 7, 0x80);
         let mut v = Vec::with_capacity(coded);
@@ -241,6 +246,8 @@ pub struct Encoder {
     cap: usize,
     /// A size update owed at the start of the next block.
     pending_update: Option<usize>,
+    /// Whether literals are Huffman-coded when that is shorter.
+    huffman: bool,
 }
 
 impl Encoder {
@@ -254,7 +261,17 @@ impl Encoder {
             // A peer expects 4,096 until told; a smaller table is announced.
             pending_update: (max != crate::frame::DEFAULT_HEADER_TABLE_SIZE as usize)
                 .then_some(max),
+            huffman: true,
         }
+    }
+
+    /// Sends literals as they are: cheaper for both ends where bytes on the
+    /// wire matter less than CPU (a local network, fields that are indexed
+    /// after their first use).
+    #[must_use]
+    pub fn without_huffman(mut self) -> Self {
+        self.huffman = false;
+        self
     }
 
     /// Applies the peer's SETTINGS_HEADER_TABLE_SIZE.
@@ -306,9 +323,9 @@ impl Encoder {
         };
         encode_integer(out, name_index.unwrap_or(0), prefix, flags);
         if name_index.is_none() {
-            encode_string(out, name);
+            encode_string(out, name, self.huffman);
         }
-        encode_string(out, value);
+        encode_string(out, value, self.huffman);
         if flags == 0x40 {
             self.table.insert(name, value);
         }

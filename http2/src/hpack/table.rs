@@ -192,19 +192,74 @@ impl Dynamic {
     }
 }
 
+/// The static entries named `name`: the first index and how many there are
+/// (entries of one name are adjacent).
+fn static_names(name: &[u8]) -> Option<(usize, usize)> {
+    Some(match name {
+        b":authority" => (1, 1),
+        b":method" => (2, 2),
+        b":path" => (4, 2),
+        b":scheme" => (6, 2),
+        b":status" => (8, 7),
+        b"accept-charset" => (15, 1),
+        b"accept-encoding" => (16, 1),
+        b"accept-language" => (17, 1),
+        b"accept-ranges" => (18, 1),
+        b"accept" => (19, 1),
+        b"access-control-allow-origin" => (20, 1),
+        b"age" => (21, 1),
+        b"allow" => (22, 1),
+        b"authorization" => (23, 1),
+        b"cache-control" => (24, 1),
+        b"content-disposition" => (25, 1),
+        b"content-encoding" => (26, 1),
+        b"content-language" => (27, 1),
+        b"content-length" => (28, 1),
+        b"content-location" => (29, 1),
+        b"content-range" => (30, 1),
+        b"content-type" => (31, 1),
+        b"cookie" => (32, 1),
+        b"date" => (33, 1),
+        b"etag" => (34, 1),
+        b"expect" => (35, 1),
+        b"expires" => (36, 1),
+        b"from" => (37, 1),
+        b"host" => (38, 1),
+        b"if-match" => (39, 1),
+        b"if-modified-since" => (40, 1),
+        b"if-none-match" => (41, 1),
+        b"if-range" => (42, 1),
+        b"if-unmodified-since" => (43, 1),
+        b"last-modified" => (44, 1),
+        b"link" => (45, 1),
+        b"location" => (46, 1),
+        b"max-forwards" => (47, 1),
+        b"proxy-authenticate" => (48, 1),
+        b"proxy-authorization" => (49, 1),
+        b"range" => (50, 1),
+        b"referer" => (51, 1),
+        b"refresh" => (52, 1),
+        b"retry-after" => (53, 1),
+        b"server" => (54, 1),
+        b"set-cookie" => (55, 1),
+        b"strict-transport-security" => (56, 1),
+        b"transfer-encoding" => (57, 1),
+        b"user-agent" => (58, 1),
+        b"vary" => (59, 1),
+        b"via" => (60, 1),
+        b"www-authenticate" => (61, 1),
+        _ => return None,
+    })
+}
+
 /// The static entry with exactly `name` and `value`, and the first with
 /// `name`, as 1-based indices.
 pub fn find_static(name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
-    let mut by_name = None;
-    for (i, (n, v)) in STATIC.iter().enumerate() {
-        if n.as_bytes() == name {
-            if v.as_bytes() == value {
-                return (Some(i + 1), by_name.or(Some(i + 1)));
-            }
-            by_name.get_or_insert(i + 1);
-        }
-    }
-    (None, by_name)
+    let Some((first, count)) = static_names(name) else {
+        return (None, None);
+    };
+    let exact = (first..first + count).find(|&i| STATIC[i - 1].1.as_bytes() == value);
+    (exact, Some(first))
 }
 
 #[cfg(test)]
@@ -226,6 +281,16 @@ mod tests {
         t.insert(&[b'x'; 100], b"");
         assert!(t.is_empty(), "an oversized entry empties the table");
         assert_eq!(t.size(), 0);
+    }
+
+    #[test]
+    fn the_name_lookup_agrees_with_the_table() {
+        for (i, (name, value)) in STATIC.iter().enumerate() {
+            let (exact, by_name) = find_static(name.as_bytes(), value.as_bytes());
+            assert_eq!(exact, Some(i + 1), "{name}: {value}");
+            let first = STATIC.iter().position(|(n, _)| n == name).unwrap() + 1;
+            assert_eq!(by_name, Some(first), "{name}");
+        }
     }
 
     #[test]

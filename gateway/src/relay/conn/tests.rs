@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::BufMut;
+use bytes::{BufMut, Bytes};
 use spinlink_http2::frame::{flag, kind, write_data, write_headers, write_ping, write_reset};
 use spinlink_http2::hpack::Encoder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
