@@ -652,7 +652,8 @@ where
     fn on_header_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
         // Every name and value in one buffer, the fields slices of it: one
         // allocation per block, and forwarding them copies nothing.
-        let mut all = BytesMut::with_capacity(block.len() * 2);
+        // Indexed fields decode to far more than they take in the block.
+        let mut all = BytesMut::with_capacity((block.len() * 4).max(512));
         let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(12);
         let mut list_size = 0usize;
         let decoded = self.decoder.decode(block, |n, v, _| {
@@ -1066,8 +1067,37 @@ pub fn valid_fields(fields: &Fields, side: Side, head: bool) -> bool {
 
 /// Whether `b` may appear in a header name (RFC 9110 `tchar`).
 fn http_token(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    TCHAR[usize::from(b)]
 }
+
+/// RFC 9110's `tchar` as a table.
+const TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    t
+};
 
 /// The fields of `hpack` a decoder error maps to, for tests.
 pub type HpackError = hpack::DecodeError;

@@ -203,6 +203,9 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// What a write buffer starts with.
+const WRITE_CHUNK: usize = 8 * 1024;
+
 /// Largest client stream id before the connection must be replaced.
 const LAST_CLIENT_ID: u32 = frame::MAX_WINDOW - 1;
 
@@ -430,6 +433,15 @@ impl Out {
     /// Appends a frame this connection's own task writes (SETTINGS, PING,
     /// WINDOW_UPDATE, GOAWAY, RST_STREAM).
     pub fn buf_mut(&mut self) -> &mut BytesMut {
+        self.room(frame::HEAD_LEN + 8)
+    }
+
+    /// The write buffer with room for `n` more bytes. A fresh buffer starts
+    /// at [`WRITE_CHUNK`] rather than growing from nothing frame by frame.
+    fn room(&mut self, n: usize) -> &mut BytesMut {
+        if self.buf.capacity() - self.buf.len() < n {
+            self.buf.reserve(n.max(WRITE_CHUNK));
+        }
         &mut self.buf
     }
 
@@ -559,7 +571,8 @@ impl Out {
                         s.queue.pop_front();
                     }
                     let max_frame = self.max_frame;
-                    write_data_frames(&mut self.buf, id, &chunk, done && end, max_frame);
+                    let buf = self.room(chunk.len() + 2 * frame::HEAD_LEN);
+                    write_data_frames(buf, id, &chunk, done && end, max_frame);
                     if done && end {
                         self.end(id, false);
                         return false;
@@ -588,7 +601,7 @@ impl Out {
         // in once the block's length is known; a block longer than a frame
         // (rare) is split into CONTINUATIONs.
         let at = self.buf.len();
-        self.buf.extend_from_slice(&[0; frame::HEAD_LEN]);
+        self.room(512).extend_from_slice(&[0; frame::HEAD_LEN]);
         self.encoder.encode(
             fields.iter().map(|(n, v)| {
                 // Tokens and credentials are never put in a table.
@@ -673,7 +686,8 @@ impl Out {
         }
         if n > 0 || (all && end) {
             let max_frame = self.max_frame;
-            write_data_frames(&mut self.buf, id, &data[..n], all && end, max_frame);
+            let buf = self.room(n + 2 * frame::HEAD_LEN);
+            write_data_frames(buf, id, &data[..n], all && end, max_frame);
         }
         if all && end {
             self.end(id, false);
@@ -684,7 +698,7 @@ impl Out {
     /// Resets stream `id` now (queued frames are dropped) with `reason`.
     pub fn reset(&mut self, id: u32, reason: Reason) {
         if self.streams.contains_key(&id) {
-            frame::write_reset(&mut self.buf, id, reason);
+            frame::write_reset(self.room(16), id, reason);
             self.end(id, true);
         }
     }
@@ -695,7 +709,7 @@ impl Out {
         };
         match (self.side, failure) {
             (Side::Client, _) | (Side::Server, Failure::Cancel) => {
-                frame::write_reset(&mut self.buf, id, Reason::CANCEL);
+                frame::write_reset(self.room(16), id, Reason::CANCEL);
                 self.end(id, true);
             }
             (Side::Server, Failure::Unavailable(message)) => {

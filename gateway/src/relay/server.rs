@@ -356,21 +356,23 @@ impl Role for AgentRole {
 
     fn open(&mut self, link: &Arc<Link>, id: u32, fields: Fields, end: bool) -> InStream {
         let path = field(&fields, b":path").to_owned();
-        let Ok(headers) = bridge::fields_to_map(&fields) else {
-            return self.answer(
-                link,
-                id,
-                end,
-                Status::invalid_argument("invalid header value"),
-            );
-        };
         let conn = &self.peer;
         let bootstrap = conn.control.is_bootstrap();
         if path == paths::HELLO {
+            let Ok(headers) = bridge::fields_to_map(&fields) else {
+                return self.answer(
+                    link,
+                    id,
+                    end,
+                    Status::invalid_argument("invalid header value"),
+                );
+            };
             // Identity (bootstrap JWT included), rate and size: the service's.
             return self.hello(link, id, &fields, headers, end);
         }
-        let Some(peer) = conn.agent(&headers) else {
+        // Carried streams are checked on the fields themselves: no map.
+        let headers = &fields[..];
+        let Some(peer) = conn.agent(headers) else {
             let message = if bootstrap {
                 "no agent identity: call Hello with a bootstrap JWT first".to_owned()
             } else {
@@ -384,7 +386,7 @@ impl Role for AgentRole {
         let admitted = match path.as_str() {
             paths::CONTROL => return self.control(link, id, end),
             paths::CACHE | paths::RELAY => {
-                proxy::admit_channel(&self.shared, &peer, &path, &headers)
+                proxy::admit_channel(&self.shared, &peer, &path, headers)
             }
             paths::ASSIGNMENTS => {
                 let hello_agent = conn.control.hello_agent();
@@ -394,7 +396,7 @@ impl Role for AgentRole {
                     bootstrap,
                     hello_agent.as_deref(),
                     &path,
-                    &headers,
+                    headers,
                 )
             }
             other => {

@@ -180,6 +180,47 @@ pub fn send_reconnect(slot: &ControlSlot, reason: &str, deadline: Duration) -> b
     tx.try_send(Ok(event)).is_ok()
 }
 
+/// A request's headers as the checks read them: hyper's map on ingress
+/// connections, the relay's decoded fields on agent connections (no map
+/// built per stream).
+pub trait RequestHeaders {
+    /// How many values `name` has.
+    fn count(&self, name: &str) -> usize;
+    /// The first value of `name`.
+    fn first(&self, name: &str) -> Option<&[u8]>;
+
+    /// The first value of `name` as non-empty text.
+    fn text(&self, name: &str) -> Option<&str> {
+        self.first(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)))
+    }
+}
+
+impl RequestHeaders for http::HeaderMap {
+    fn count(&self, name: &str) -> usize {
+        self.get_all(name).iter().count()
+    }
+
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+}
+
+impl RequestHeaders for [(bytes::Bytes, bytes::Bytes)] {
+    fn count(&self, name: &str) -> usize {
+        self.iter()
+            .filter(|(n, _)| &n[..] == name.as_bytes())
+            .count()
+    }
+
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| &n[..] == name.as_bytes())
+            .map(|(_, v)| &v[..])
+    }
+}
+
 /// Who is at the other end of one agent connection, as the listener found out.
 #[derive(Debug, Clone)]
 pub struct ConnPeer {
@@ -200,16 +241,12 @@ impl ConnPeer {
     /// The agent a request with `headers` speaks for: the connection's
     /// identity, a bootstrap connection's established one, or (insecure
     /// listener only) the one the request names.
-    pub fn agent(&self, headers: &http::HeaderMap) -> Option<AgentPeer> {
+    pub fn agent(&self, headers: &(impl RequestHeaders + ?Sized)) -> Option<AgentPeer> {
         let identity = match &self.identity {
             Some(identity) => identity.clone(),
             // Never the dev header on a TLS connection.
             None if self.control.bootstrap => self.control.bootstrap_identity()?,
-            None => headers
-                .get(DEV_IDENTITY_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-                .map(Arc::from)?,
+            None => headers.text(DEV_IDENTITY_HEADER).map(Arc::from)?,
         };
         Some(AgentPeer {
             identity,

@@ -17,14 +17,14 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use spinlink_proto::headers;
 use tonic::Status;
 use tonic::body::Body;
 
-use super::{Shared, status};
+use super::{RequestHeaders, Shared, status};
 use crate::admin::{Counter, Refusal};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
 use crate::listener::limits::Slot;
@@ -64,13 +64,13 @@ pub fn admit_channel(
     shared: &Shared,
     peer: &AgentPeer,
     method: &str,
-    headers: &HeaderMap,
+    headers: &(impl RequestHeaders + ?Sized),
 ) -> Result<Admitted, Status> {
     let identity = &*peer.identity;
     // One value each: a second `spinlink-account` would reach the sidecar
     // unchecked beside the verified one.
     for name in [headers::ACCOUNT, headers::TOKEN] {
-        if headers.get_all(name).iter().nth(1).is_some() {
+        if headers.count(name) > 1 {
             return Err(refuse(
                 shared,
                 peer,
@@ -128,7 +128,7 @@ pub fn admit_assignments(
     bootstrap: bool,
     hello_agent: Option<&str>,
     method: &str,
-    headers: &HeaderMap,
+    headers: &(impl RequestHeaders + ?Sized),
 ) -> Result<Admitted, Status> {
     let no = |agent: &str, reason: &str, status: fn(String) -> Status| {
         refuse_with(shared, peer, agent, method, reason, status)
@@ -141,7 +141,7 @@ pub fn admit_assignments(
             Status::permission_denied,
         ));
     }
-    if headers.get_all(headers::AGENT_ID).iter().nth(1).is_some() {
+    if headers.count(headers::AGENT_ID) > 1 {
         return Err(no(
             "",
             "more than one spinlink-agent-id header",
@@ -367,10 +367,8 @@ fn refuse_with(
     status(reason.to_owned())
 }
 
-fn header_str<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    map.get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
+fn header_str<'a>(map: &'a (impl RequestHeaders + ?Sized), name: &str) -> Option<&'a str> {
+    map.text(name)
 }
 
 /// Whether an agent header is dropped on the way upstream: hop-by-hop
@@ -404,10 +402,9 @@ pub fn upstream_head(
     peer: &AgentPeer,
     admitted: &Admitted,
 ) -> Result<Fields, Status> {
-    let shown = String::from_utf8_lossy(&path).into_owned();
     upstream_fields(
         method,
-        path,
+        path.clone(),
         headers,
         target,
         &peer.identity,
@@ -417,7 +414,7 @@ pub fn upstream_head(
         tracing::warn!(
             identity = &*peer.identity,
             account = admitted.key,
-            method = shown,
+            method = %String::from_utf8_lossy(&path),
             message,
             "stream not forwardable"
         );
