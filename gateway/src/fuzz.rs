@@ -218,11 +218,173 @@ pub fn hello(data: &[u8]) {
     }
 }
 
+/// An agent connection fed any bytes after the client preface: the relay
+/// never panics, always ends once the input does, and everything it writes
+/// is well-formed HTTP/2 (each frame parses, whatever the peer sent).
+pub fn relay_server(data: &[u8]) {
+    use crate::relay::conn::{Conn, InStream, Local, Role, Signal, Target};
+    use crate::relay::link::{Failure, Fields, Link, Side, Sink, grpc_status_fields};
+    use spinlink_http2::frame::{self, Frame, HEAD_LEN, Head};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Answers odd-numbered streams at once, lets the others be.
+    struct Answer;
+    impl Role for Answer {
+        const SIDE: Side = Side::Server;
+        fn open(&mut self, link: &Arc<Link>, id: u32, _: Fields, end: bool) -> InStream {
+            link.accept(id, None);
+            if id % 4 == 1 {
+                link.headers(id, grpc_status_fields(0, "", true), true);
+            } else {
+                link.headers(id, grpc_status_fields(0, "", true)[..2].to_vec(), false);
+                link.data(id, b"\0\0\0\0\x01x", false);
+            }
+            InStream::new(Target::Discard, frame::DEFAULT_WINDOW).recv_closed(end)
+        }
+        fn peer_reset(&mut self) -> bool {
+            true
+        }
+        fn poll_signal(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+            _: usize,
+            _: &Arc<Link>,
+        ) -> Signal {
+            Signal::None
+        }
+        fn failure(&self) -> Failure {
+            Failure::Cancel
+        }
+    }
+
+    thread_local! {
+        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+    }
+    RT.with(|rt| {
+        rt.block_on(async {
+            let local = Local {
+                max_concurrent_streams: 8,
+                stream_window: frame::DEFAULT_WINDOW,
+                conn_window: frame::DEFAULT_WINDOW,
+                max_header_list_size: 4096,
+                header_table_size: 4096,
+                keepalive: Duration::from_secs(30),
+                keepalive_timeout: Duration::from_secs(10),
+            };
+            let (mut peer, io) = tokio::io::duplex(1 << 20);
+            let link = Link::new(
+                Side::Server,
+                Arc::from("fuzz"),
+                local.preamble(Side::Server),
+                spinlink_http2::hpack::Encoder::new(0),
+            );
+            let mut conn = Conn::new(io, link, Answer, local);
+            let mut input = frame::PREFACE.to_vec();
+            input.extend_from_slice(data);
+            peer.write_all(&input)
+                .await
+                .expect("the pipe takes the input");
+            peer.shutdown().await.expect("end of input");
+            let run = std::future::poll_fn(|cx| conn.poll_run(cx));
+            let ended = tokio::time::timeout(Duration::from_secs(5), run).await;
+            assert!(ended.is_ok(), "the connection outlived its input");
+            conn.shut();
+            drop(conn);
+            let mut out = Vec::new();
+            peer.read_to_end(&mut out).await.expect("the pipe reads");
+            let mut at = 0;
+            while at < out.len() {
+                let head = Head::parse(&out[at..]).expect("a whole frame head");
+                let payload = &out[at + HEAD_LEN..at + HEAD_LEN + head.len];
+                assert!(
+                    Frame::parse(head, payload).is_ok(),
+                    "wrote a bad frame: {head:?}"
+                );
+                at += HEAD_LEN + head.len;
+            }
+        });
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The bodies above for a bounded time, mutating valid inputs
+    /// (`SPINLINK_FUZZ_SECONDS` each).
+    mod bounded {
+        use prost::Message as _;
+        use spinlink_fuzzing::Fuzz;
+
+        #[test]
+        fn fuzz_proxy_header() {
+            Fuzz::new("proxy-header")
+                .seeds([
+                    &b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\nrest"[..],
+                    b"PROXY TCP6 ::1 ::2 3 4\r\n",
+                    b"PROXY UNKNOWN\r\n",
+                ])
+                .dictionary([&crate::listener::proxy_protocol::V2_SIGNATURE[..], b"\r\n"])
+                .max_len(600)
+                .run(super::proxy_header);
+        }
+
+        #[test]
+        fn fuzz_token() {
+            Fuzz::new("token")
+                .seeds([&b"spiffe://a\nacct"[..]])
+                .max_len(200)
+                .run(super::token);
+        }
+
+        #[test]
+        fn fuzz_jwt() {
+            Fuzz::new("jwt")
+                .seeds([&b"sub\naccount-*\nsig"[..], b"a.b.c"])
+                .dictionary([&b"."[..], b"eyJ", b"\n"])
+                .max_len(1024)
+                .run(super::jwt);
+        }
+
+        #[test]
+        fn fuzz_hello() {
+            let request = spinlink_proto::v1::HelloRequest {
+                agent_id: "a".into(),
+                agent_version: "v".into(),
+                accounts: vec![spinlink_proto::v1::AccountInfo {
+                    name: "dev-1".into(),
+                    ..Default::default()
+                }],
+            };
+            Fuzz::new("hello")
+                .seeds([request.encode_to_vec()])
+                .max_len(2048)
+                .run(super::hello);
+        }
+
+        #[test]
+        fn fuzz_relay_server() {
+            use bytes::BytesMut;
+            use spinlink_http2::frame;
+            let mut seed = BytesMut::new();
+            frame::Settings::default().write(&mut seed);
+            frame::write_headers(&mut seed, 1, &[0x83, 0x86, 0x84], false, 16_384);
+            frame::write_data(&mut seed, 1, b"\0\0\0\0\x01x", true);
+            frame::write_headers(&mut seed, 3, &[0x83, 0x86, 0x84], true, 16_384);
+            frame::write_ping(&mut seed, false, [1; 8]);
+            frame::write_reset(&mut seed, 3, frame::Reason::CANCEL);
+            frame::write_window_update(&mut seed, 0, 1000);
+            Fuzz::new("relay-server")
+                .seeds([seed.to_vec()])
+                .max_len(2048)
+                .run(super::relay_server);
+        }
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]

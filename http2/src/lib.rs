@@ -5,7 +5,8 @@
 //!
 //! Everything that parses takes untrusted bytes: it never panics, bounds what it
 //! allocates, and names the RFC's error code for what it refuses. The fuzz
-//! targets in `http2/fuzz` and the proptests here hold it to that.
+//! bodies in [`fuzz`] (run in the suite, and by cargo-fuzz in `http2/fuzz`)
+//! and the proptests here hold it to that.
 //!
 //! Start at [`frame::Head::parse`] and [`frame::Frame::parse`], then
 //! [`hpack::Decoder::decode`].
@@ -13,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod frame;
+pub mod fuzz;
 pub mod hpack;
 
 pub use frame::{Frame, FrameError, Head, Reason, Settings};

@@ -193,3 +193,21 @@ fn unmutated_example_parses() {
     let parsed = parse_str(EXAMPLE, FILE, &Options::new()).unwrap();
     assert_eq!(parsed.ingress.servers.len(), 3);
 }
+
+/// The cargo-fuzz target's body (`fuzz/fuzz_targets/parse.rs`) for a bounded
+/// time (`SPINLINK_FUZZ_SECONDS`), mutating the example and token soup.
+#[test]
+fn fuzz_parse_bounded() {
+    use spinlink_nginx_compat::Ast;
+    spinlink_fuzzing::Fuzz::new("nginx-parse")
+        .seeds([EXAMPLE.as_bytes()])
+        .dictionary(TOKENS.iter().map(|t| t.as_bytes()))
+        .max_len(8192)
+        .run(|data| {
+            if let Ok(ast) = Ast::parse(data, "/fuzz/nginx.conf") {
+                let _ = Ingress::from_ast(&ast, &Options::new());
+            }
+            let text = String::from_utf8_lossy(data);
+            let _ = parse_str(&text, "/fuzz/nginx.conf", &Options::new().lenient(true));
+        });
+}

@@ -333,4 +333,4 @@ impl Encoder {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

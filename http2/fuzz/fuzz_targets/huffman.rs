@@ -1,0 +1,6 @@
+//! Fuzzes `spinlink_http2::fuzz::huffman`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    spinlink_http2::fuzz::huffman(data);
+});
