@@ -342,3 +342,87 @@ async fn upstream_restart_is_survived_by_new_streams() {
     assert_eq!(next_ack(&mut down).await.unwrap(), 1);
     assert_eq!(again.streams().len(), 1);
 }
+
+/// A sidecar that stops reading one account's stream holds up that stream
+/// only: another account on the same agent connection and the same
+/// upstream connection goes on, and the stalled one is held to its windows
+/// (the gateway does not buffer what the sidecar will not take).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upstream_stream_does_not_slow_the_others() {
+    use spinlink_proto::v1::{WatchEvent, cache_up};
+    use std::sync::Arc;
+    use std::time::Duration;
+    const CHUNK: usize = 64 * 1024;
+    let pki = pki();
+    let sidecar = FakeSidecar::stalling("staging").await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        // One upstream connection: both accounts share it.
+        &format!("{}upstreamConnections: 1\n", upstream_yaml(&sidecar.url())),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let resp = hello(&channel, &["dev-1", "staging"]).await.unwrap();
+    let token = |a: &str| {
+        resp.granted
+            .iter()
+            .find(|g| g.account == a)
+            .unwrap()
+            .token
+            .clone()
+    };
+
+    // The stalled account pushes as fast as flow control lets it.
+    let (stalled_tx, _stalled_down) = open_cache(&channel, {
+        let t = token("staging");
+        move |s| with_metadata(s, "staging", &t)
+    })
+    .await
+    .unwrap();
+    let pushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let pusher = tokio::spawn({
+        let pushed = pushed.clone();
+        async move {
+            for seq in 1.. {
+                let up = CacheUp {
+                    seq,
+                    msg: Some(cache_up::Msg::Event(WatchEvent {
+                        object: vec![b'x'; CHUNK].into(),
+                        ..Default::default()
+                    })),
+                };
+                if stalled_tx.send(up).await.is_err() {
+                    return;
+                }
+                pushed.fetch_add(CHUNK, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    // Until it is blocked: nothing more taken for half a second.
+    let mut last = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = pushed.load(std::sync::atomic::Ordering::SeqCst);
+        if now == last && now > 0 {
+            break;
+        }
+        last = now;
+    }
+
+    // Meanwhile, another account on the same connections flows.
+    let t = token("dev-1");
+    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &t))
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, ping_pong(&tx, &mut down, 200))
+        .await
+        .expect("the other account stalled too");
+
+    // What the stalled stream got out of the agent is bounded by the
+    // windows on its way (the agent's send buffer, the gateway's 1 MiB
+    // stream window, the sidecar's 1 MiB), not by what it wanted to send.
+    let held = pushed.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(held <= 8 << 20, "{} KiB left the agent", held / 1024);
+    assert_eq!(sidecar.record.lock().unwrap().connections, 1);
+    pusher.abort();
+}

@@ -73,6 +73,8 @@ pub struct Record {
 #[derive(Clone)]
 struct FakeTunnel {
     record: Arc<Mutex<Record>>,
+    /// `Cache` streams of this account are never read (a stalled sidecar).
+    stall: Option<&'static str>,
 }
 
 type DownStream<T> = ReceiverStream<Result<T, Status>>;
@@ -102,9 +104,23 @@ impl Tunnel for FakeTunnel {
             method: "Cache",
             headers: request.metadata().clone().into_headers(),
         });
+        let stalled = self.stall.is_some_and(|account| {
+            request
+                .metadata()
+                .get(headers::VERIFIED_ACCOUNT)
+                .is_some_and(|v| v == account)
+        });
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let record = self.record.clone();
+        if stalled {
+            // Held open, never read: its flow-control windows fill up.
+            tokio::spawn(async move {
+                let _held = (inbound, tx);
+                std::future::pending::<()>().await;
+            });
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         tokio::spawn(async move {
             while let Some(Ok(up)) = inbound.next().await {
                 record.lock().unwrap().messages += 1;
@@ -201,6 +217,11 @@ impl FakeSidecar {
         Self::start("127.0.0.1:0".parse().unwrap(), None).await
     }
 
+    /// A sidecar over h2c that never reads `account`'s `Cache` streams.
+    pub async fn stalling(account: &'static str) -> Self {
+        Self::start_with("127.0.0.1:0".parse().unwrap(), None, Some(account)).await
+    }
+
     /// A sidecar over h2c on a given address (a restarted one).
     pub async fn plain_on(addr: SocketAddr) -> Self {
         Self::start(addr, None).await
@@ -239,12 +260,21 @@ impl FakeSidecar {
     }
 
     async fn start(addr: SocketAddr, tls: Option<TlsAcceptor>) -> Self {
+        Self::start_with(addr, tls, None).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        tls: Option<TlsAcceptor>,
+        stall: Option<&'static str>,
+    ) -> Self {
         let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let record = Arc::new(Mutex::new(Record::default()));
         let stop = CancellationToken::new();
         let server = TunnelServer::new(FakeTunnel {
             record: record.clone(),
+            stall,
         });
         tokio::spawn({
             let record = record.clone();
@@ -262,8 +292,11 @@ impl FakeSidecar {
                     let record = record.clone();
                     let stop = stop.clone();
                     tokio::spawn(async move {
-                        let builder =
+                        let mut builder =
                             hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                        // As the sidecar's tunnel server (TUNNEL_CONNECTION_WINDOW):
+                        // one stream's window cannot use up the connection's.
+                        builder.initial_connection_window_size(64 << 20);
                         match tls {
                             None => {
                                 let conn = builder.serve_connection(TokioIo::new(tcp), service);

@@ -375,6 +375,14 @@ async fn accept_loop(
     }
 }
 
+/// Receive window of each tunnel stream (one account's `Cache`, `Relay`).
+pub const TUNNEL_STREAM_WINDOW: u32 = 1 << 20;
+/// Receive window of each gateway connection, shared by the streams it
+/// carries: many stream windows, so an account whose stream this sidecar
+/// is slow to read (its cache busy) cannot hold up the others on the same
+/// connection.
+pub const TUNNEL_CONNECTION_WINDOW: u32 = 64 << 20;
+
 /// Serves the tunnel on `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
@@ -388,6 +396,8 @@ pub async fn serve(
         // Application heartbeats keep streams alive; PINGs find dead peers.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .initial_stream_window_size(TUNNEL_STREAM_WINDOW)
+        .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
         .add_service(TunnelServer::new(service))
         .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
         .await;
