@@ -387,7 +387,7 @@ async fn a_stalled_upstream_stream_does_not_slow_the_others() {
                 let up = CacheUp {
                     seq,
                     msg: Some(cache_up::Msg::Event(WatchEvent {
-                        object: vec![b'x'; CHUNK].into(),
+                        object: vec![b'x'; CHUNK],
                         ..Default::default()
                     })),
                 };
