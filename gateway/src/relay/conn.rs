@@ -856,7 +856,9 @@ where
             } else {
                 next = next.min(quiet_at);
             }
-            if self.timer.deadline() != next {
+            // Re-armed only to fire earlier (or once fired): a deadline that
+            // moved later just wakes the task early, to look again.
+            if next < self.timer.deadline() || self.timer.is_elapsed() {
                 self.timer.as_mut().reset(next);
             }
             if self.timer.as_mut().poll(cx).is_pending() {

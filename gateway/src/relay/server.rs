@@ -341,7 +341,9 @@ impl AgentRole {
             let Some(next) = next else {
                 return Signal::None;
             };
-            if self.timer.deadline() != next {
+            // Re-armed only to fire earlier (or once fired): a deadline that
+            // moved later just wakes the task early, to look again.
+            if next < self.timer.deadline() || self.timer.is_elapsed() {
                 self.timer.as_mut().reset(next);
             }
             if self.timer.as_mut().poll(cx).is_pending() {
