@@ -298,19 +298,19 @@ impl Encoder {
 
     fn encode_field(&mut self, name: &[u8], value: &[u8], indexing: Indexing, out: &mut BytesMut) {
         let (s_exact, s_name) = table::find_static(name, value);
+        if let (Some(i), true) = (s_exact, indexing != Indexing::Never) {
+            return encode_integer(out, i, 7, 0x80);
+        }
+        // The dynamic table is searched for the name only when the static
+        // one does not have it.
         let (d_exact, d_name) = if self.table.is_empty() {
             (None, None)
         } else {
             self.table.find(name, value)
         };
         let dyn_index = |i: usize| i + STATIC.len() + 1;
-        if indexing != Indexing::Never {
-            if let Some(i) = s_exact {
-                return encode_integer(out, i, 7, 0x80);
-            }
-            if let Some(i) = d_exact {
-                return encode_integer(out, dyn_index(i), 7, 0x80);
-            }
+        if let (Some(i), true) = (d_exact, indexing != Indexing::Never) {
+            return encode_integer(out, dyn_index(i), 7, 0x80);
         }
         let name_index = s_name.or(d_name.map(dyn_index));
         let size = name.len() + value.len() + table::ENTRY_OVERHEAD;
