@@ -301,8 +301,8 @@ impl Encoder {
         if let (Some(i), true) = (s_exact, indexing != Indexing::Never) {
             return encode_integer(out, i, 7, 0x80);
         }
-        // The dynamic table is searched for the name only when the static
-        // one does not have it.
+        // The dynamic table is searched only when the static one has no
+        // exact match.
         let (d_exact, d_name) = if self.table.is_empty() {
             (None, None)
         } else {
