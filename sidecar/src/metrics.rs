@@ -57,6 +57,7 @@ struct Inner {
     cache_watches: Family<Labels, Gauge>,
     cache_watches_expired: Family<Labels, Counter>,
     handovers: Family<Labels, Counter>,
+    journal_dropped: Counter,
     openapi_bytes: Gauge,
     openapi_documents: Gauge,
 }
@@ -144,6 +145,12 @@ impl Metrics {
             "Accounts taken over from another sidecar, by outcome: warm (its cache snapshot loaded, the agent resumed) or cold with the reason (the agent listed again)",
             handovers.clone(),
         );
+        let journal_dropped = Counter::default();
+        registry.register(
+            "journal_dropped",
+            "Relayed operations not journaled because the queue to the store was full",
+            journal_dropped.clone(),
+        );
         let openapi_bytes = Gauge::default();
         registry.register(
             "openapi_cache_bytes",
@@ -164,6 +171,7 @@ impl Metrics {
                 cache_watches,
                 cache_watches_expired,
                 handovers,
+                journal_dropped,
                 requests,
                 relay_seconds,
                 registrations,
@@ -172,6 +180,11 @@ impl Metrics {
                 state,
             }),
         }
+    }
+
+    /// Counts relayed operations the journal's full queue dropped.
+    pub fn journal_dropped(&self) -> Counter {
+        self.inner.journal_dropped.clone()
     }
 
     /// Counts one facade request.

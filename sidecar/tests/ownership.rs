@@ -1,5 +1,6 @@
-//! Two sidecars sharing one store: an account is owned by the instance whose
-//! lease it holds, a request to the other is forwarded once, a forwarded
+//! Two sidecars sharing one store (SQLite, or PostgreSQL in a schema of its
+//! own when `SPINLINK_TEST_POSTGRES_URL` is set): an account is owned by the
+//! instance whose lease it holds, a request to the other is forwarded once, a forwarded
 //! request that finds no owner is a retryable 503, a cache stream for an
 //! owned account is refused elsewhere, and a drained owner's accounts can be
 //! taken over at once.
@@ -16,24 +17,25 @@ fn pod(name: &str) -> serde_json::Value {
         "spec": {"containers": [{"name": "c"}]}})
 }
 
-/// Sidecars `sidecar-a` and `sidecar-b` on one SQLite store (in the
-/// returned directory) with `lease_seconds` leases.
-async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(tempfile::TempDir, Running, Running)> {
-    let dir = tempfile::tempdir()?;
-    let store = format!("sqlite://{}", dir.path().join("shared.db").display());
+/// Sidecars `sidecar-a` and `sidecar-b` on one store (SQLite, or
+/// PostgreSQL when `SPINLINK_TEST_POSTGRES_URL` is set) with
+/// `lease_seconds` leases.
+async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(SharedStore, Running, Running)> {
+    let store = SharedStore::new().await?;
     let extra = |id: &str| {
         format!(
-            "store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n"
+            "store: {{ url: \"{}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n",
+            store.url
         )
     };
     let a = start_named(&extra("sidecar-a")).await?;
     let b = start_named(&extra("sidecar-b")).await?;
-    Ok((dir, a, b))
+    Ok((store, a, b))
 }
 
 #[tokio::test]
 async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
-    let (_dir, a, b) = two_sidecars(30).await?;
+    let (_store, a, b) = two_sidecars(30).await?;
 
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
@@ -129,7 +131,7 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
 {
     // A 60 s lease, renewed every 20 s: the takeover below must come from
     // the release when the streams end, long before either.
-    let (_dir, a, b) = two_sidecars(60).await?;
+    let (_store, a, b) = two_sidecars(60).await?;
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
     let pods = kind("", "v1", "pods", "Pod", true);
@@ -202,4 +204,130 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
     assert!(again.is_ok());
     drop((first, again));
     sidecar.stop().await
+}
+
+/// The answer the agent (played here) gives every relayed request: 200
+/// with a tiny JSON body.
+async fn answer_all(mut relay: RelayStream) {
+    use spinlink_proto::v1::{self, relay_down, relay_up};
+    while let Ok(msg) = relay.next().await {
+        let relay_down::Msg::Head(head) = msg else {
+            continue;
+        };
+        let id = head.id;
+        let _ = relay
+            .send(relay_up::Msg::Head(v1::ResponseHead {
+                id,
+                status: 200,
+                headers: vec![v1::Header {
+                    name: "content-type".into(),
+                    value: b"application/json".to_vec(),
+                }],
+            }))
+            .await;
+        let _ = relay
+            .send(relay_up::Msg::Body(v1::BodyChunk {
+                id,
+                data: br#"{"kind":"Status","status":"Success"}"#.to_vec(),
+                end_stream: true,
+            }))
+            .await;
+    }
+}
+
+/// Relayed operations are journaled in the store: every sidecar's accounts
+/// API shows them, whichever relayed them, also after that one is gone.
+#[tokio::test]
+async fn relayed_operations_are_shown_by_every_sidecar_and_outlive_the_one_that_relayed_them()
+-> anyhow::Result<()> {
+    let (store, a, b) = two_sidecars(30).await?;
+    let mut to_a = a.client().await?;
+    let cache = CacheStream::open(&mut to_a, "prod").await?;
+    let relay = RelayStream::open(&mut to_a, "prod").await?;
+    wait_status(&a, "prod", |s| s.online && s.relay).await?;
+    let agent = tokio::spawn(answer_all(relay));
+
+    // Through B (forwarded to A, relayed there) and through A.
+    let http = http();
+    let path = "/accounts/prod/api/v1/namespaces/demo/pods/web-1";
+    let patched = request(
+        &http,
+        "PATCH",
+        &b.url(path),
+        &[
+            ("content-type", "application/merge-patch+json"),
+            ("kubectl-command", "kubectl label"),
+            ("authorization", "Bearer must-not-be-journaled"),
+        ],
+        r#"{"metadata":{"labels":{"secret":"must-not-be-journaled"}}}"#,
+    )
+    .await?;
+    assert_eq!(patched.status, 200);
+    let deleted = request(&http, "DELETE", &a.url(path), &[], "").await?;
+    assert_eq!(deleted.status, 200);
+
+    let ops = |running: &Running| {
+        let (http, url) = (http.clone(), running.url("/v1/accounts/prod/operations"));
+        async move { get(&http, &url).await }
+    };
+    // B waits for its own queued entries before it reads; A's are written
+    // by A's journal writer a moment after A answered.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let via_b = loop {
+        let via_b = ops(&b).await?;
+        assert_eq!(
+            via_b.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&via_b.body)
+        );
+        if via_b.json().as_array().map(Vec::len) == Some(2)
+            || tokio::time::Instant::now() > deadline
+        {
+            break via_b;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let list = via_b.json();
+    let summary: Vec<(&str, &str, &str, u64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["instance"].as_str().unwrap(),
+                o["method"].as_str().unwrap(),
+                o["outcome"].as_str().unwrap(),
+                o["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("sidecar-a", "PATCH", "answered", 200),
+            ("sidecar-a", "DELETE", "answered", 200)
+        ],
+        "{list}"
+    );
+    assert_eq!(list[0]["kubectlCommand"], "kubectl label");
+    let text = String::from_utf8_lossy(&via_b.body);
+    assert!(!text.contains("must-not-be-journaled"), "{text}");
+
+    // A goes away for good: B still shows what A relayed.
+    drop((cache, to_a));
+    agent.abort();
+    a.stop().await?;
+    let after = ops(&b).await?;
+    assert_eq!(after.status, 200);
+    assert_eq!(after.json().as_array().map(Vec::len), Some(2));
+    // An account nobody ever served is still not found.
+    assert_eq!(
+        get(&http, &b.url("/v1/accounts/ghost/operations"))
+            .await?
+            .status,
+        404
+    );
+    drop(store);
+    b.stop().await
 }

@@ -1,14 +1,15 @@
 //! The account registry: every account this sidecar has seen, its cache, its
 //! relay stream, whether it is online, stale (its agent went away; reads are
-//! served from the last cache during the grace period) or removed, and the
-//! history of its relayed operations. The tunnel writes it, the facade and
-//! the accounts API ([`api`]) read it, [`lifecycle`] ends the grace period.
-//! Start with [`Accounts`].
+//! served from the last cache during the grace period) or removed. The
+//! tunnel writes it, the facade and the accounts API ([`api`]) read it,
+//! [`lifecycle`] ends the grace period; relayed operations go to the
+//! store's [`journal`]. Start with [`Accounts`].
 
 pub mod api;
+pub mod journal;
 pub mod lifecycle;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 // tokio's clock, so tests can run grace periods under `tokio::time::pause`.
@@ -20,8 +21,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
-use crate::config::DEFAULT_OPERATION_HISTORY;
 use crate::tunnel::relay::RelayHandle;
+use journal::Journal;
 
 /// A clonable handle on the registry of accounts.
 #[derive(Debug, Clone)]
@@ -31,13 +32,19 @@ pub struct Accounts {
     /// the Clouddriver registration watch it (level-triggered: a watch, not a
     /// queue, so a slow reader never holds the tunnel up).
     changes: watch::Sender<u64>,
-    history: usize,
+    /// Where relayed operations are recorded; none in unit tests.
+    journal: Option<Journal>,
     instance: Arc<str>,
 }
 
 impl Default for Accounts {
     fn default() -> Self {
-        Self::with_history(DEFAULT_OPERATION_HISTORY)
+        Self {
+            inner: Arc::default(),
+            changes: watch::Sender::new(0),
+            journal: None,
+            instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
+        }
     }
 }
 
@@ -156,12 +163,42 @@ pub enum Outcome {
     Refused,
 }
 
+impl Outcome {
+    /// The name the API and the journal use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Failed => "failed",
+            Self::Timeout => "timeout",
+            Self::Unavailable => "unavailable",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// The outcome named `s`; an unknown name (a newer sidecar's) reads as
+    /// failed.
+    pub fn parse(s: &str) -> Self {
+        [
+            Self::Answered,
+            Self::Timeout,
+            Self::Unavailable,
+            Self::Refused,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+        .unwrap_or(Self::Failed)
+    }
+}
+
 /// One relayed operation with the time of each hop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
-    /// Request id on the relay stream.
+    /// Request id on the relay stream (unique per sidecar process and
+    /// account, not across sidecars).
     pub id: u64,
+    /// The sidecar instance that relayed it (set by the [`journal`]).
+    pub instance: String,
     /// HTTP method.
     pub method: String,
     /// Kubernetes path.
@@ -199,7 +236,7 @@ pub struct Account {
     state: Mutex<State>,
     next_request_id: AtomicU64,
     changes: watch::Sender<u64>,
-    history: usize,
+    journal: Option<Journal>,
 }
 
 #[derive(Debug)]
@@ -217,7 +254,6 @@ struct State {
     /// Cancelled by a manual disconnect; every stream of the account ends.
     connection: CancellationToken,
     registration: Registration,
-    operations: VecDeque<Operation>,
 }
 
 /// Locks ignoring poisoning: every critical section leaves the state
@@ -227,7 +263,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Account {
-    fn new(name: &str, changes: watch::Sender<u64>, history: usize) -> Self {
+    fn new(name: &str, changes: watch::Sender<u64>, journal: Option<Journal>) -> Self {
         Self {
             name: name.to_owned(),
             cache: RwLock::default(),
@@ -241,11 +277,10 @@ impl Account {
                 withdrawn: false,
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
-                operations: VecDeque::new(),
             }),
             next_request_id: AtomicU64::new(1),
             changes,
-            history: history.max(1),
+            journal,
         }
     }
 
@@ -459,19 +494,12 @@ impl Account {
         r.updated = Some(Utc::now());
     }
 
-    /// Remembers a relayed operation (the oldest is forgotten past the
-    /// configured history).
-    pub fn record_operation(&self, op: Operation) {
-        let mut s = lock(&self.state);
-        while s.operations.len() >= self.history {
-            s.operations.pop_front();
+    /// Records a relayed operation in the journal (without one, as in unit
+    /// tests, it is not kept).
+    pub fn record_operation(&self, op: &Operation) {
+        if let Some(journal) = &self.journal {
+            journal.record(&self.name, op);
         }
-        s.operations.push_back(op);
-    }
-
-    /// The remembered operations, oldest first.
-    pub fn operations(&self) -> Vec<Operation> {
-        lock(&self.state).operations.iter().cloned().collect()
     }
 
     /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
@@ -559,20 +587,28 @@ pub struct AgentAccount {
 }
 
 impl Accounts {
-    /// An empty registry remembering [`DEFAULT_OPERATION_HISTORY`]
-    /// operations per account.
+    /// An empty registry that keeps no operations.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// An empty registry remembering `history` operations per account.
-    pub fn with_history(history: usize) -> Self {
-        Self {
-            inner: Arc::default(),
-            changes: watch::Sender::new(0),
-            history,
-            instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
-        }
+    /// Records the accounts' relayed operations in `journal`.
+    #[must_use]
+    pub fn with_journal(mut self, journal: Journal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The recent relayed operations of account `name`, oldest first, as
+    /// the store holds them (relayed by any sidecar); `None` when neither
+    /// this sidecar nor the store knows the account.
+    pub async fn operations(&self, name: &str) -> crate::store::Result<Option<Vec<Operation>>> {
+        let Some(journal) = &self.journal else {
+            return Ok(self.get(name).map(|_| Vec::new()));
+        };
+        let ops = journal.operations(name).await?;
+        let known = !ops.is_empty() || self.get(name).is_some() || journal.known(name).await?;
+        Ok(known.then_some(ops))
     }
 
     /// Names this sidecar instance as the owner of its accounts.
@@ -682,7 +718,13 @@ impl Accounts {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(Account::new(name, self.changes.clone(), self.history)))
+            .or_insert_with(|| {
+                Arc::new(Account::new(
+                    name,
+                    self.changes.clone(),
+                    self.journal.clone(),
+                ))
+            })
             .clone();
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
         account
@@ -701,7 +743,7 @@ mod tests {
 
     #[test]
     fn seq_tracking_acks_highest_contiguous() {
-        let a = Account::new("a", watch::Sender::new(0), 4);
+        let a = Account::new("a", watch::Sender::new(0), None);
         assert_eq!(a.record_seq(5), (5, false));
         assert_eq!(a.record_seq(6), (6, false));
         assert_eq!(a.record_seq(4), (6, false));
@@ -744,29 +786,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn operations_are_a_bounded_ring_and_disconnect_ends_streams() {
-        let accounts = Accounts::with_history(2);
+    async fn disconnect_ends_streams() {
+        let accounts = Accounts::new();
         let a = accounts.get_or_create("a");
-        for id in 1..=3 {
-            a.record_operation(Operation {
-                id,
-                method: "GET".into(),
-                path: "/api".into(),
-                query: String::new(),
-                kubectl_command: None,
-                received: Utc::now(),
-                sent_to_agent: None,
-                agent_started: None,
-                agent_finished: None,
-                answered: None,
-                status: 200,
-                outcome: Outcome::Answered,
-                message: None,
-            });
-        }
-        let ids: Vec<u64> = a.operations().iter().map(|o| o.id).collect();
-        assert_eq!(ids, [2, 3]);
-
         let parent = CancellationToken::new();
         let stream = a.stream_token(&parent);
         a.cache_opened("spiffe://x/agent/1");

@@ -310,3 +310,54 @@ pub fn fixture(path: &str) -> Value {
     let full = format!("{}/../kube-sim/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_slice(&std::fs::read(&full).unwrap_or_else(|e| panic!("{full}: {e}"))).unwrap()
 }
+
+/// One store for several sidecars: a SQLite file in a temporary directory,
+/// or, when `SPINLINK_TEST_POSTGRES_URL` is set, a schema of its own in
+/// that PostgreSQL, dropped with this.
+pub struct SharedStore {
+    pub url: String,
+    _dir: tempfile::TempDir,
+    schema: Option<spinlink_sidecar::store::scratch::Schema>,
+}
+
+impl SharedStore {
+    pub async fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let Ok(server) = std::env::var("SPINLINK_TEST_POSTGRES_URL") else {
+            let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+            return Ok(Self {
+                url,
+                _dir: dir,
+                schema: None,
+            });
+        };
+        let schema =
+            spinlink_sidecar::store::scratch::Schema::create(&server, "spinlink_sidecar_test")
+                .await
+                .context("SPINLINK_TEST_POSTGRES_URL is set but unusable")?;
+        Ok(Self {
+            url: schema.url(None),
+            _dir: dir,
+            schema: Some(schema),
+        })
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        if self.schema.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+}
+
+impl Drop for SharedStore {
+    fn drop(&mut self) {
+        if let Some(schema) = self.schema.take()
+            && let Err(e) = schema.drop_blocking()
+        {
+            eprintln!("dropping the test schema: {e}");
+        }
+    }
+}
