@@ -254,8 +254,14 @@ impl Sidecar {
         // no request in flight is cut and the account moves once.
         let streams = CancellationToken::new();
         let registered = ownership.register().await;
+        let recorder = ownership::versions::Recorder::new(
+            self.store.clone(),
+            &self.config.instance_id,
+            metrics.resource_version_writes(),
+        );
         let owning = tokio::spawn(ownership.clone().run(
             self.accounts.clone(),
+            recorder,
             registered,
             streams.clone(),
         ));
@@ -338,7 +344,8 @@ impl Sidecar {
         journal_stop.cancel();
         let journal_result = journal.await;
         let lifecycle_result = lifecycle.await;
-        // Leases are released before the store closes.
+        // The last positions are recorded and the leases released before
+        // the store closes.
         let owning_result = owning.await;
         // The leases are free: the accounts' new owners fetch their caches
         // now. Only a store other sidecars share can have any.

@@ -206,6 +206,120 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
     sidecar.stop().await
 }
 
+/// Opens a cache stream for `account` numbered from `seq`, retrying while
+/// another instance still holds its lease (it has not seen its streams end).
+async fn open_when_free(
+    client: &mut spinlink_proto::v1::tunnel_client::TunnelClient<tonic::transport::Channel>,
+    account: &str,
+    seq: u64,
+) -> anyhow::Result<CacheStream> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match CacheStream::open_at(client, account, seq).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let status = e.downcast_ref::<tonic::Status>().expect("a gRPC status");
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.context("the lease was never released")),
+        }
+    }
+}
+
+/// Waits until the store records pods of `account` at `rv`.
+async fn recorded(store: &SharedStore, account: &str, rv: &str) -> anyhow::Result<()> {
+    let db = spinlink_sidecar::store::Store::open(&store.url).await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let kinds = db.resource_versions(account).await?;
+        if kinds
+            .iter()
+            .any(|k| k.resource == "pods" && k.resource_version == rv)
+        {
+            db.close().await;
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("pods of {account} never recorded at {rv}: {kinds:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn pod_at(name: &str, rv: &str) -> serde_json::Value {
+    let mut p = pod(name);
+    p["metadata"]["resourceVersion"] = json!(rv);
+    p
+}
+
+/// An account that goes away from a sidecar and comes back while its cache
+/// is still held there (the grace period): where the store's record shows
+/// another owner moved on, that owner's snapshot replaces the older cache
+/// and the agent resumes from it; where the record matches the cache held,
+/// the agent resumes from that. Either way nothing is listed again.
+#[tokio::test]
+async fn an_account_back_with_its_old_cache_resumes_from_the_freshest_one() -> anyhow::Result<()> {
+    let (store, a, b) = two_sidecars(30).await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let (mut to_a, mut to_b) = (a.client().await?, b.client().await?);
+
+    // A owns it first: pods synced at 1000 (messages 1..=4).
+    let mut cache = CacheStream::open_at(&mut to_a, "prod", 1).await?;
+    assert!(cache.resume_from().await?.is_empty());
+    sync(&mut cache, &pods, &[pod_at("web-1", "999")]).await?;
+    cache.wait_acked().await?;
+    drop(cache);
+    wait_status(&a, "prod", |s| !s.online).await?;
+    recorded(&store, "prod", "1000").await?;
+
+    // B takes it over warm from A and moves on: web-2 at 1001.
+    let mut cache = open_when_free(&mut to_b, "prod", 4).await?;
+    assert_eq!(cache.resume_from().await?, [("pods".into(), "1000".into())]);
+    cache.send(added(&pods, &pod_at("web-2", "1001"))).await?;
+    cache.wait_acked().await?;
+    drop(cache);
+    wait_status(&b, "prod", |s| !s.online).await?;
+    recorded(&store, "prod", "1001").await?;
+
+    // Back at A, whose cache is still at 1000: B's snapshot replaces it.
+    let mut cache = open_when_free(&mut to_a, "prod", 5).await?;
+    assert_eq!(
+        cache.resume_from().await?,
+        [("pods".into(), "1001".into())],
+        "A resumes from where B left off, not from its older cache"
+    );
+    cache.wait_acked().await?;
+    let http = http();
+    let list = get(&http, &a.url("/accounts/prod/api/v1/namespaces/demo/pods"))
+        .await?
+        .json();
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["web-1", "web-2"]);
+    drop(cache);
+    wait_status(&a, "prod", |s| !s.online).await?;
+
+    // Back at A again, nobody in between: its cache is the record.
+    let mut cache = open_when_free(&mut to_a, "prod", 5).await?;
+    assert_eq!(cache.resume_from().await?, [("pods".into(), "1001".into())]);
+    let metrics = get(&http, &a.url("/metrics")).await?;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"fresher\"} 1",
+        "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"current\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    drop((cache, to_a, to_b));
+    a.stop().await?;
+    b.stop().await
+}
+
 /// The answer the agent (played here) gives every relayed request: 200
 /// with a tiny JSON body.
 async fn answer_all(mut relay: RelayStream) {

@@ -243,6 +243,8 @@ pub struct Account {
 struct State {
     agent_identity: String,
     cache_streams: usize,
+    /// Cache streams opened here so far.
+    cache_generation: u64,
     relay: Option<RelayHandle>,
     highest_seq: Option<u64>,
     /// Since when no cache stream is open (`None` while online).
@@ -270,6 +272,7 @@ impl Account {
             state: Mutex::new(State {
                 agent_identity: String::new(),
                 cache_streams: 0,
+                cache_generation: 0,
                 relay: None,
                 highest_seq: None,
                 offline_since: Some((Instant::now(), Utc::now())),
@@ -308,6 +311,7 @@ impl Account {
         {
             let mut s = lock(&self.state);
             s.cache_streams += 1;
+            s.cache_generation += 1;
             identity.clone_into(&mut s.agent_identity);
             s.offline_since = None;
             s.removed = false;
@@ -328,6 +332,33 @@ impl Account {
         };
         self.changed();
         offline
+    }
+
+    /// How many cache streams have opened here: changes whenever one does.
+    pub fn cache_generation(&self) -> u64 {
+        lock(&self.state).cache_generation
+    }
+
+    /// Replaces every kind held (a cache older than the store's record)
+    /// with `loaded`, a fresher snapshot, and continues the message
+    /// numbering from `seq`, the snapshot's; returns the kinds loaded.
+    /// Watches served from the old kinds end (410), as their changes stop.
+    pub fn replace_kinds(&self, loaded: crate::cache::snapshot::Loaded, seq: u64) -> usize {
+        let mut s = lock(&self.state);
+        let mut cache = self.write_cache();
+        cache.clear_kinds();
+        let kinds = cache.load(loaded);
+        s.highest_seq = (seq > 0).then_some(seq);
+        kinds
+    }
+
+    /// Drops every kind held and the message numbering (a cache the store
+    /// shows no record of: the account was removed and may now name another
+    /// cluster). Discovery documents stay; the agent sends them again.
+    pub fn drop_kinds(&self) {
+        let mut s = lock(&self.state);
+        self.write_cache().clear_kinds();
+        s.highest_seq = None;
     }
 
     /// Where the account stands.

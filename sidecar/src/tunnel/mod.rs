@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::accounts::Accounts;
+use crate::accounts::{Accounts, Presence};
 use crate::handover::Handover;
 use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
@@ -224,7 +224,7 @@ impl Tunnel for TunnelService {
                 tracing::warn!(account = %name, error = %e, "cluster fingerprint not checked");
             }
         }
-        let mut takeover = None;
+        let mut claimed = None;
         if let Some(ownership) = &self.ownership {
             // Whom the account comes from: claiming replaces the record.
             let previous = match &self.handover {
@@ -232,9 +232,7 @@ impl Tunnel for TunnelService {
                 None => None,
             };
             match ownership.claim(&name).await {
-                Ok(()) => {
-                    takeover = self.handover.clone().zip(previous);
-                }
+                Ok(()) => claimed = Some(previous),
                 // The agent retries with backoff; the holder's lease ends
                 // within one lease period unless its agent is still there.
                 Err(e @ ClaimError::HeldBy { .. }) => {
@@ -250,7 +248,14 @@ impl Tunnel for TunnelService {
             }
         }
         let account = self.accounts.get_or_create(&name);
+        // The account's first stream here decides what its cache starts
+        // from; a second one (the agent moving connections) continues it.
+        let first = account.presence() != Presence::Online;
         account.cache_opened(&identity);
+        let takeover = match (&self.handover, claimed) {
+            (Some(handover), Some(previous)) if first => Some((handover.clone(), previous)),
+            _ => None,
+        };
         tracing::info!(account = %name, agent = %identity, "cache stream open");
         if let Err(e) = self
             .store

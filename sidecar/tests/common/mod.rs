@@ -107,9 +107,19 @@ pub struct CacheStream {
 
 impl CacheStream {
     pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        Self::open_at(client, account, 1).await
+    }
+
+    /// Opens a stream whose `open` carries `seq`, as an agent's carries the
+    /// last number acknowledged: what follows is numbered after it.
+    pub async fn open_at(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        seq: u64,
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
-            seq: 1,
+            seq,
             msg: Some(cache_up::Msg::Open(v1::CacheOpen {
                 account: account.into(),
                 agent_id: "test".into(),
@@ -121,7 +131,28 @@ impl CacheStream {
             .cache(with_headers(ReceiverStream::new(rx), account))
             .await?
             .into_inner();
-        Ok(Self { tx, down, seq: 1 })
+        Ok(Self { tx, down, seq })
+    }
+
+    /// The `ResumeFrom` the sidecar sends first: resourceVersion by
+    /// resource.
+    pub async fn resume_from(&mut self) -> anyhow::Result<Vec<(String, String)>> {
+        let first = tokio::time::timeout(Duration::from_secs(10), self.down.message())
+            .await
+            .context("no ResumeFrom")??
+            .context("cache stream ended")?;
+        let Some(cache_down::Msg::Resume(r)) = first.msg else {
+            bail!("the first message was not ResumeFrom: {first:?}");
+        };
+        Ok(r.kinds
+            .into_iter()
+            .map(|k| {
+                (
+                    k.kind.map(|k| k.resource).unwrap_or_default(),
+                    k.resource_version,
+                )
+            })
+            .collect())
     }
 
     pub async fn send(&mut self, msg: cache_up::Msg) -> anyhow::Result<()> {
