@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use spinlink_tls::dev::DevPki;
 use support::balancer::Balancer;
 use support::scale::{self, Policy, Sidecar};
+use support::store::SharedStore;
 use support::{Kubectl, Proc, try_http, write_kubeconfig};
 
 /// Faults in the short form.
@@ -92,88 +93,6 @@ impl Fault {
     }
 }
 
-/// A schema of its own in the PostgreSQL at `SPINLINK_TEST_POSTGRES_URL`,
-/// dropped at the end.
-struct Postgres {
-    url: String,
-    schema: String,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Postgres {
-    fn from_env(seed: u64) -> Option<Postgres> {
-        let url = std::env::var("SPINLINK_TEST_POSTGRES_URL").ok()?;
-        let nonce = std::process::id() as u64 ^ seed.rotate_left(17) ^ now_nanos();
-        let pg = Postgres {
-            url,
-            schema: format!("spinlink_chaos_{:016x}", nonce),
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
-        };
-        pg.exec(&format!("CREATE SCHEMA {}", pg.schema));
-        Some(pg)
-    }
-
-    /// The store URL sidecar `id` uses: this run's schema, and an
-    /// application name that lets the test find its connections.
-    fn store_url(&self, id: &str) -> String {
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        format!(
-            "{}{sep}options=-c%20search_path%3D{}&application_name={}_{id}",
-            self.url, self.schema, self.schema
-        )
-    }
-
-    fn exec(&self, sql: &str) -> u64 {
-        self.rt.block_on(async {
-            let pool = sqlx::PgPool::connect(&self.url)
-                .await
-                .expect("SPINLINK_TEST_POSTGRES_URL is set but unusable");
-            let n = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-                .rows_affected();
-            pool.close().await;
-            n
-        })
-    }
-
-    /// Terminates every backend of this run's sidecars, again and again
-    /// for `d`: the database is unreachable to them for that long.
-    fn drop_connections(&self, d: Duration) -> u64 {
-        let sql = format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name LIKE '{}\\_%' AND pid <> pg_backend_pid()",
-            self.schema
-        );
-        let end = Instant::now() + d;
-        let mut n = 0;
-        self.rt.block_on(async {
-            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-            while Instant::now() < end {
-                if let Ok(r) = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                    .fetch_all(&pool)
-                    .await
-                {
-                    n += r.len() as u64;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            pool.close().await;
-        });
-        n
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        self.exec(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
-    }
-}
-
 fn now_nanos() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -211,7 +130,7 @@ impl Chain {
         self.agents[i] = scale::start_agent(&self.dir, &name, &self.agent_yamls[i]);
     }
 
-    fn inject(&mut self, fault: Fault, pg: Option<&Postgres>) -> String {
+    fn inject(&mut self, fault: Fault, store: &SharedStore) -> String {
         match fault {
             Fault::KillGateway(i) => {
                 self.gateways[i].0.kill();
@@ -239,9 +158,7 @@ impl Chain {
                 format!("stalled {n} connections for {d:?}")
             }
             Fault::DropDatabase(d) => {
-                let n = pg
-                    .expect("PostgreSQL faults only with PostgreSQL")
-                    .drop_connections(d);
+                let n = store.drop_connections(d);
                 format!("terminated {n} database connections over {d:?}")
             }
         }
@@ -358,19 +275,8 @@ fn seeded_chaos_converges_to_the_cluster() {
     sim.listening("kube-sim");
     let direct = Kubectl::new(dir, "direct", &kubeconfig);
 
-    let pg = Postgres::from_env(seed);
-    eprintln!(
-        "chaos: store on {}",
-        pg.as_ref().map_or("SQLite", |_| "PostgreSQL")
-    );
-    let sqlite = format!("sqlite://{}", dir.join("shared.db").display());
-    let sidecars: Vec<Sidecar> = ["s1", "s2", "s3"]
-        .iter()
-        .map(|id| {
-            let url = pg.as_ref().map_or(sqlite.clone(), |pg| pg.store_url(id));
-            Sidecar::start(dir, id, &url, 3)
-        })
-        .collect();
+    let store = SharedStore::new(dir, "spinlink_chaos");
+    let sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
     let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
     let accounts: Vec<String> = (1..=AGENTS).map(|i| format!("acct-{i}")).collect();
     let policy: Policy = names
@@ -421,8 +327,8 @@ fn seeded_chaos_converges_to_the_cluster() {
     let mut last_fault = Instant::now();
     for n in 1..=faults {
         std::thread::sleep(rng.millis(300, 2500));
-        let fault = Fault::pick(&mut rng, pg.is_some());
-        let what = chain.inject(fault, pg.as_ref());
+        let fault = Fault::pick(&mut rng, store.postgres());
+        let what = chain.inject(fault, &store);
         last_fault = Instant::now();
         eprintln!(
             "chaos: fault {n}/{faults} at {:?}: {what}",
@@ -510,7 +416,7 @@ fn seeded_chaos_converges_to_the_cluster() {
             "chaos: seed {seed}, {faults} faults, store {}: every cache equals kube-sim \
              ({objects} objects × {} accounts × {} facades: 0 missing, 0 phantom, 0 stale), \
              converged {after:?} after the last fault; whole run {:?}",
-            pg.as_ref().map_or("SQLite", |_| "PostgreSQL"),
+            store.engine(),
             accounts.len(),
             chain.sidecars.len(),
             started.elapsed()

@@ -1,4 +1,6 @@
 //! Failover of each scaled-out component, with the real binary and kubectl.
+//! Sidecars share one store: PostgreSQL, in a schema of its own per test,
+//! when `SPINLINK_TEST_POSTGRES_URL` is set; a SQLite file otherwise.
 //!
 //! - A gateway: two behind a TCP balancer (the test kit's stand-in for an
 //!   NLB), one sidecar, one agent. The gateway the agent is on is killed;
@@ -6,14 +8,19 @@
 //!   once the agent has reconnected through the balancer to the survivor.
 //! - A sidecar: two sharing one store behind one gateway; the owner of the
 //!   account is killed and the survivor takes the account over.
+//! - A planned move (a drain) hands the cache over warm: nothing is listed
+//!   again.
 
 mod support;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 use support::balancer::Balancer;
+use support::scale::{self, agent_yaml, gateway_yaml, ready_at, start_agent, start_gateway};
+use support::store::SharedStore;
 use support::{Kubectl, Proc, http, wait_for, write_kubeconfig};
 
 fn yaml(dir: &Path, name: &str, text: String) -> String {
@@ -162,8 +169,7 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
     let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
 
-    // One store for both (a SQLite file; the store tests cover PostgreSQL).
-    let store = dir.join("shared.db");
+    let store = SharedStore::new(dir, "spinlink_failover");
     let mut sidecars: Vec<(Proc, std::net::SocketAddr, std::net::SocketAddr)> = ["s1", "s2"]
         .iter()
         .map(|id| {
@@ -172,9 +178,9 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
                 &format!("{id}.yaml"),
                 format!(
                     "instanceId: {id}\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
-                     facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n\
+                     facade:\n  listen: 127.0.0.1:0\nstore:\n  url: \"{}\"\n\
                      ownership:\n  leaseSeconds: 2\n",
-                    store.display()
+                    store.url(id)
                 ),
             );
             let mut proc = Proc::start(id, dir, &["sidecar", "--config", &cfg]);
@@ -285,6 +291,80 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
     eprintln!("the survivor served prod {moved:?} after its owner was killed");
 }
 
+/// The dev PKI for agent `agent-1`, and kube-sim (the demo workload, with
+/// `sim_args`) in `dir` with the kubeconfig it wrote.
+fn cluster(dir: &Path, sim_args: &[&str]) -> (DevPki, Proc, std::path::PathBuf) {
+    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
+    let (sim, kubeconfig) = support::kube_sim_with(dir, sim_args);
+    (pki, sim, kubeconfig)
+}
+
+/// A gateway and an agent serving account `prod` through it.
+struct Chain {
+    _gateway: Proc,
+    _agent: Proc,
+    /// The agent's admin port.
+    admin: SocketAddr,
+    /// Which of the sidecars owns `prod`.
+    owner: usize,
+}
+
+/// Starts gateway `gw` in front of `tunnels` (with `gateway_extra` YAML)
+/// and agent `agent-1` serving `prod` from `kubeconfig`, with an admin
+/// port, and waits until one of `sidecars` serves `prod`.
+fn serve_prod(
+    dir: &Path,
+    pki: &DevPki,
+    kubeconfig: &Path,
+    tunnels: &[SocketAddr],
+    gateway_extra: &str,
+    sidecars: &[scale::Sidecar],
+) -> Chain {
+    let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
+    let gateway = gateway_yaml("gw", pki, &policy, tunnels) + gateway_extra;
+    let (gateway, gateway_addr) = start_gateway(dir, "gw", &gateway);
+    let admin = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let agent = format!(
+        "{}admin:\n  listen: {admin}\n",
+        agent_yaml("agent-1", pki, gateway_addr.port(), &[("prod", kubeconfig)])
+    );
+    let agent = start_agent(dir, "agent", &agent);
+    let owner = wait_for("account prod ready on a sidecar", || {
+        (0..sidecars.len()).find(|&i| ready_at(sidecars[i].facade, "prod"))
+    });
+    Chain {
+        _gateway: gateway,
+        _agent: agent,
+        admin,
+        owner,
+    }
+}
+
+/// Waits until every kind the agent (admin port `admin`) watches for
+/// `prod` is watching and synced at the sidecar whose facade is `facade`.
+/// The sidecar counts the kinds whose listing began; the agent starts them
+/// as its budget allows.
+fn every_kind_synced(admin: SocketAddr, facade: SocketAddr) {
+    wait_for("every kind the agent watches synced at the owner", || {
+        let status = scale::account(facade, "prod")?;
+        let (_, watches) = http(admin, "GET", "/watches", &[]);
+        let watches: serde_json::Value = serde_json::from_str(&watches).ok()?;
+        let rows = watches["watches"].as_array()?;
+        (!rows.is_empty()
+            && rows.iter().all(|r| r["phase"] == "watching")
+            && status["kindsSynced"] == status["kindsTotal"]
+            && status["kindsTotal"].as_u64() == Some(rows.len() as u64))
+        .then_some(())
+    });
+}
+
+/// How many listings the agent (admin port `admin`) made for `prod`.
+fn listings(admin: SocketAddr) -> f64 {
+    let (status, text) = http(admin, "GET", "/metrics", &[]);
+    assert_eq!(status, 200);
+    counter_sum(&text, "spinlink_agent_relists_total", "account=\"prod\"")
+}
+
 /// The sum of a Prometheus counter's series whose labels contain `with`.
 fn counter_sum(metrics: &str, name: &str, with: &str) -> f64 {
     metrics
@@ -321,57 +401,20 @@ fn config_map(name: &str, value: &str) -> String {
 /// included.
 #[test]
 fn a_drained_sidecar_hands_its_cache_over_without_a_relist() {
-    use support::scale::{Sidecar, agent_yaml, gateway_yaml, ready_at, start_agent, start_gateway};
-
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
-    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
+    let (pki, _sim, sim_kubeconfig) = cluster(dir, &[]);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
     direct.ok_with_input(&["apply", "-f", "-"], Some(&config_map("before", "1")));
 
-    let store = format!("sqlite://{}", dir.join("shared.db").display());
-    let mut sidecars = [
-        Sidecar::start(dir, "s1", &store, 2),
-        Sidecar::start(dir, "s2", &store, 2),
-    ];
-    let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
+    let store = SharedStore::new(dir, "spinlink_drain");
+    let mut sidecars = scale::start_sidecars(dir, &store, &["s1", "s2"], 2);
     let tunnels = [sidecars[0].tunnel, sidecars[1].tunnel];
-    let (_gateway, gateway_addr) =
-        start_gateway(dir, "gw", &gateway_yaml("gw", &pki, &policy, &tunnels));
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
-    let agent = format!(
-        "{}admin:\n  listen: {admin}\n",
-        agent_yaml(
-            "agent-1",
-            &pki,
-            gateway_addr.port(),
-            &[("prod", &sim_kubeconfig)]
-        )
-    );
-    let _agent = start_agent(dir, "agent", &agent);
-    let owner = wait_for("account prod ready on a sidecar", || {
-        (0..2).find(|&i| ready_at(sidecars[i].facade, "prod"))
-    });
+    let chain = serve_prod(dir, &pki, &sim_kubeconfig, &tunnels, "", &sidecars);
+    let (admin, owner) = (chain.admin, chain.owner);
     let survivor = 1 - owner;
-    // The sidecar counts the kinds whose listing began; the agent starts
-    // them as its budget allows. Every one must have been listed once.
-    wait_for("every kind the agent watches synced at the owner", || {
-        let status = support::scale::account(sidecars[owner].facade, "prod")?;
-        let (_, watches) = http(admin, "GET", "/watches", &[]);
-        let watches: serde_json::Value = serde_json::from_str(&watches).ok()?;
-        let rows = watches["watches"].as_array()?;
-        (!rows.is_empty()
-            && rows.iter().all(|r| r["phase"] == "watching")
-            && status["kindsSynced"] == status["kindsTotal"]
-            && status["kindsTotal"].as_u64() == Some(rows.len() as u64))
-        .then_some(())
-    });
-    let listings = || {
-        let (status, text) = http(admin, "GET", "/metrics", &[]);
-        assert_eq!(status, 200);
-        counter_sum(&text, "spinlink_agent_relists_total", "account=\"prod\"")
-    };
+    every_kind_synced(admin, sidecars[owner].facade);
+    let listings = || listings(admin);
     let listed = listings();
     assert!(listed > 0.0, "the first listing is counted");
 

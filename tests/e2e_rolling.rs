@@ -2,7 +2,9 @@
 //! kubectl.
 //!
 //! Two gateways behind a TCP balancer (the test kit's NLB), three sidecars on
-//! one shared store, one agent with account `prod`. kubectl reaches the
+//! one shared store (PostgreSQL in a schema of its own when
+//! `SPINLINK_TEST_POSTGRES_URL` is set, SQLite otherwise), one agent with
+//! account `prod`. kubectl reaches the
 //! sidecars through a second balancer in front of their facades — in a
 //! cluster, the Kubernetes Service Clouddriver's kubeconfig names. While a
 //! background thread runs a steady, bounded loop of reads (`get pods -o
@@ -24,6 +26,7 @@ use std::time::Instant;
 use spinlink_tls::dev::DevPki;
 use support::balancer::Balancer;
 use support::scale::{self, Sidecar};
+use support::store::SharedStore;
 use support::{Kubectl, wait_for, write_kubeconfig};
 
 /// The workload's bound: it stops when told, or after this many rounds.
@@ -102,11 +105,8 @@ fn rolling_restarts_of_gateways_and_sidecars_fail_no_request() {
     let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
 
-    let store = format!("sqlite://{}", dir.join("shared.db").display());
-    let mut sidecars: Vec<Sidecar> = ["s1", "s2", "s3"]
-        .iter()
-        .map(|id| Sidecar::start(dir, id, &store, 3))
-        .collect();
+    let store = SharedStore::new(dir, "spinlink_rolling");
+    let mut sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
     let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
     let facades: Vec<_> = sidecars.iter().map(|s| s.facade).collect();
     let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
