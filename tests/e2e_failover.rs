@@ -8,8 +8,9 @@
 //!   once the agent has reconnected through the balancer to the survivor.
 //! - A sidecar: two sharing one store behind one gateway; the owner of the
 //!   account is killed and the survivor takes the account over.
-//! - A planned move (a drain) hands the cache over warm: nothing is listed
-//!   again.
+//! - A planned move (a drain) hands the cache over warm, and an account that
+//!   comes back to a sidecar still holding its cache resumes from the
+//!   freshest cache the store's record points at: neither lists again.
 
 mod support;
 
@@ -478,4 +479,151 @@ fn a_drained_sidecar_hands_its_cache_over_without_a_relist() {
     for row in rows {
         assert_eq!(row["relists"], 0, "{row}");
     }
+}
+
+/// The value of a gauge or counter line `name{labels}` in `metrics`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Whether the gateway with admin port `admin` has `upstream` in rotation.
+fn in_rotation(admin: SocketAddr, upstream: SocketAddr) -> bool {
+    let Some((200, text)) = support::try_http(admin, "GET", "/metrics", &[]) else {
+        return false;
+    };
+    let series = format!("spinlink_gateway_upstream_available{{upstream=\"http://{upstream}\"}}");
+    sample(&text, &series) == Some(1.0)
+}
+
+/// An account leaves the sidecar that owns it and comes back while that
+/// sidecar still holds its cache (the grace period), twice, with no kind
+/// listed again:
+///
+/// - straight back (its streams there are cut and it reconnects): the cache
+///   is where the store's record says, and the agent resumes from it;
+/// - after another sidecar served it meanwhile and the cluster moved on by
+///   more writes than the API server keeps (kube-sim's watch history is 20
+///   events): the store's record shows the cache held is behind, so the
+///   sidecar loads the other's snapshot instead, and the agent resumes from
+///   that. Resuming from the older cache would have made every kind that
+///   changed list again (410 Gone).
+#[test]
+fn an_account_back_on_a_sidecar_still_holding_its_cache_resumes_without_a_listing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (pki, _sim, sim_kubeconfig) = cluster(dir, &["--watch-history", "20"]);
+    let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
+    let store = SharedStore::new(dir, "spinlink_back");
+    let mut sidecars = scale::start_sidecars(dir, &store, &["s1", "s2"], 2);
+    // Each tunnel behind a balancer of its own, so a sidecar can drop out
+    // of the gateway's reach while it keeps running.
+    let hops = [
+        Balancer::start(&[sidecars[0].tunnel], None),
+        Balancer::start(&[sidecars[1].tunnel], None),
+    ];
+    let gateway_admin = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let chain = serve_prod(
+        dir,
+        &pki,
+        &sim_kubeconfig,
+        &[hops[0].addr, hops[1].addr],
+        &format!("admin:\n  listen: {gateway_admin}\n"),
+        &sidecars,
+    );
+    let (admin, owner) = (chain.admin, chain.owner);
+    let other = 1 - owner;
+    every_kind_synced(admin, sidecars[owner].facade);
+    let listed = listings(admin);
+    let facades = [sidecars[0].facade, sidecars[1].facade];
+    let handovers = |i: usize, labels: &str| {
+        let (_, text) = http(facades[i], "GET", "/metrics", &[]);
+        sample(
+            &text,
+            &format!("spinlink_sidecar_handovers_total{{{labels}}}"),
+        )
+        .unwrap_or(0.0)
+    };
+
+    // Straight back: the owner ends the agent's streams; they reconnect.
+    let identity = dev_agent_identity("agent-1")
+        .replace(':', "%3A")
+        .replace('/', "%2F");
+    let (status, body) = http(
+        sidecars[owner].facade,
+        "POST",
+        &format!("/v1/agents/{identity}/disconnect"),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_for("prod back at its owner, resumed from its cache", || {
+        (ready_at(sidecars[owner].facade, "prod")
+            && handovers(owner, "outcome=\"resumed\",reason=\"current\"") == 1.0)
+            .then_some(())
+    });
+    assert_eq!(listings(admin), listed, "nothing was listed again");
+
+    // Away: the owner drops out of the gateway's reach, still running with
+    // the account's cache; the other sidecar takes it over warm.
+    hops[owner].set_backends(&[]);
+    hops[owner].cut(None);
+    wait_for("the other sidecar to serve prod", || {
+        ready_at(sidecars[other].facade, "prod").then_some(())
+    });
+    // The cluster moves on by more than kube-sim keeps for watches.
+    for round in 0..25 {
+        direct.ok_with_input(
+            &["apply", "-f", "-"],
+            Some(&config_map("moving", &round.to_string())),
+        );
+    }
+    let via_other = {
+        let path = dir.join("other.kubeconfig");
+        write_kubeconfig(
+            &path,
+            &format!("http://{}/accounts/prod", sidecars[other].facade),
+        );
+        Kubectl::new(dir, "other", &path)
+    };
+    wait_for("the other sidecar's cache to follow the cluster", || {
+        (versions(&via_other, "configmaps") == versions(&direct, "configmaps")).then_some(())
+    });
+    assert_eq!(listings(admin), listed, "the move was warm");
+
+    // Back: the owner is in reach again; the other drains.
+    hops[owner].set_backends(&[sidecars[owner].tunnel]);
+    wait_for("the owner back in the gateway's rotation", || {
+        in_rotation(gateway_admin, hops[owner].addr).then_some(())
+    });
+    sidecars[other].terminate();
+    wait_for("prod back at its first owner", || {
+        ready_at(sidecars[owner].facade, "prod").then_some(())
+    });
+    let via_owner = {
+        let path = dir.join("owner.kubeconfig");
+        write_kubeconfig(
+            &path,
+            &format!("http://{}/accounts/prod", sidecars[owner].facade),
+        );
+        Kubectl::new(dir, "owner", &path)
+    };
+    for kind in ["configmaps", "namespaces", "serviceaccounts"] {
+        wait_for(
+            &format!("the owner's {kind} to equal the cluster's"),
+            || (versions(&via_owner, kind) == versions(&direct, kind)).then_some(()),
+        );
+    }
+    assert_eq!(listings(admin), listed, "no kind was listed again");
+    let (_, watches) = http(admin, "GET", "/watches", &[]);
+    let watches: serde_json::Value = serde_json::from_str(&watches).unwrap();
+    for row in watches["watches"].as_array().expect("a list of watches") {
+        assert_eq!(row["relists"], 0, "{row}");
+        assert_eq!(row["gone"], 0, "{row}");
+    }
+    assert_eq!(
+        handovers(owner, "outcome=\"warm\",reason=\"fresher\""),
+        1.0,
+        "the owner's older cache was replaced by the other's snapshot"
+    );
 }
