@@ -7,7 +7,8 @@
 //!   reads keep being served from the cache throughout, and writes work again
 //!   once the agent has reconnected through the balancer to the survivor.
 //! - A sidecar: two sharing one store behind one gateway; the owner of the
-//!   account is killed and the survivor takes the account over.
+//!   account is killed and the survivor takes the account over. With three,
+//!   kubectl keeps running through both survivors while the owner dies.
 //! - A planned move (a drain) hands the cache over warm, and an account that
 //!   comes back to a sidecar still holding its cache resumes from the
 //!   freshest cache the store's record points at: neither lists again.
@@ -16,13 +17,15 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 use support::balancer::Balancer;
 use support::scale::{self, agent_yaml, gateway_yaml, ready_at, start_agent, start_gateway};
 use support::store::SharedStore;
-use support::{Kubectl, Proc, http, wait_for, write_kubeconfig};
+use support::{Kubectl, Proc, http, wait_for, workload, write_kubeconfig};
 
 fn yaml(dir: &Path, name: &str, text: String) -> String {
     support::write_file(dir, name, &text)
@@ -625,5 +628,125 @@ fn an_account_back_on_a_sidecar_still_holding_its_cache_resumes_without_a_listin
         handovers(owner, "outcome=\"warm\",reason=\"fresher\""),
         1.0,
         "the owner's older cache was replaced by the other's snapshot"
+    );
+}
+
+/// Three sidecars sharing one store behind one gateway; kubectl runs a
+/// steady loop of reads and writes through each of the two sidecars that do
+/// not own the account (each request forwarded one hop to the owner). The
+/// owner is killed (SIGKILL: its lease is not released, its cache cannot be
+/// handed over). Until a survivor owns the account the sidecars answer 503
+/// with `Retry-After`, which kubectl retries; no kubectl command may fail,
+/// through either survivor, and one of them keeps forwarding to the new
+/// owner.
+#[test]
+fn a_dead_sidecar_fails_no_kubectl_command_through_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (pki, _sim, sim_kubeconfig) = cluster(dir, &[]);
+    let store = SharedStore::new(dir, "spinlink_dead");
+    let mut sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
+    let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
+    let chain = serve_prod(dir, &pki, &sim_kubeconfig, &tunnels, "", &sidecars);
+    let owner = chain.owner;
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != owner).collect();
+    eprintln!("prod is owned by {}", sidecars[owner].id);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let loops: Vec<_> = survivors
+        .iter()
+        .map(|&i| {
+            let path = dir.join(format!("via-{}.kubeconfig", sidecars[i].id));
+            write_kubeconfig(
+                &path,
+                &format!("http://{}/accounts/prod", sidecars[i].facade),
+            );
+            let kubectl = Kubectl::new(dir, &format!("via-{}", sidecars[i].id), &path);
+            // Warms kubectl's discovery cache; creates what the loop changes.
+            kubectl.ok_with_input(&["apply", "-f", "-"], Some(&workload::configmap(0)));
+            let rounds = Arc::new(AtomicUsize::new(0));
+            let thread = {
+                let (stop, rounds) = (stop.clone(), rounds.clone());
+                std::thread::spawn(move || workload::run(&kubectl, &stop, &rounds))
+            };
+            (i, rounds, thread)
+        })
+        .collect();
+    let progress = |what: &str, n: usize| {
+        let from: Vec<usize> = loops
+            .iter()
+            .map(|(_, r, _)| r.load(Ordering::Relaxed))
+            .collect();
+        wait_for(
+            &format!("{n} rounds through each survivor after {what}"),
+            || {
+                loops
+                    .iter()
+                    .zip(&from)
+                    .all(|((_, r, t), f)| r.load(Ordering::Relaxed) >= f + n || t.is_finished())
+                    .then_some(())
+            },
+        );
+    };
+    progress("the start", 2);
+    let facades: Vec<SocketAddr> = sidecars.iter().map(|s| s.facade).collect();
+    let ids: Vec<String> = sidecars.iter().map(|s| s.id.clone()).collect();
+    let forwarded = |i: usize| {
+        let (_, text) = http(facades[i], "GET", "/metrics", &[]);
+        counter_sum(
+            &text,
+            "spinlink_sidecar_facade_requests_total",
+            "verb=\"forward\"",
+        )
+    };
+    let before: Vec<f64> = survivors.iter().map(|&i| forwarded(i)).collect();
+    assert!(before.iter().all(|n| *n > 0.0), "both loops were forwarded");
+
+    sidecars[owner].kill();
+    let killed = Instant::now();
+    let new_owner = wait_for("a survivor to own and serve prod", || {
+        survivors
+            .iter()
+            .copied()
+            .find(|&i| ready_at(sidecars[i].facade, "prod"))
+    });
+    let moved = killed.elapsed();
+    progress("the new owner took over", 3);
+    stop.store(true, Ordering::Relaxed);
+    let results: Vec<(usize, workload::Workload)> = loops
+        .into_iter()
+        .map(|(i, _, t)| (i, t.join().expect("a workload thread")))
+        .collect();
+    for (i, w) in &results {
+        eprintln!(
+            "through {}: {} rounds, {} kubectl commands, {} failed",
+            ids[*i],
+            w.rounds,
+            w.commands,
+            w.failures.len()
+        );
+    }
+    eprintln!(
+        "{} owns prod {moved:?} after {} was killed",
+        ids[new_owner], ids[owner]
+    );
+    let failures: Vec<String> = results
+        .iter()
+        .flat_map(|(i, w)| {
+            let id = &ids[*i];
+            w.failures.iter().map(move |f| format!("through {id}: {f}"))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "kubectl commands failed while the owner died:\n{}",
+        failures.join("\n")
+    );
+    // The survivor that did not become the owner forwarded throughout.
+    let still = survivors.iter().position(|&i| i != new_owner).unwrap();
+    assert!(
+        forwarded(survivors[still]) > before[still],
+        "{} forwarded to the new owner",
+        ids[survivors[still]]
     );
 }

@@ -6,6 +6,7 @@
 pub mod balancer;
 pub mod scale;
 pub mod store;
+pub mod workload;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
