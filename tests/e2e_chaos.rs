@@ -3,18 +3,23 @@
 //!
 //! Two gateways behind a TCP balancer, three sidecars on one store
 //! (PostgreSQL when `SPINLINK_TEST_POSTGRES_URL` is set, in a schema of its
-//! own per run; SQLite otherwise), three agents with one account each, all
-//! against one kube-sim that churns configmaps. A seeded RNG picks faults:
-//! SIGKILL and restart of a gateway, a sidecar or an agent, every
-//! connection cut at the balancer, the balancer stalling its connections for
-//! a few seconds, and (PostgreSQL) the sidecars' database connections
-//! terminated again and again for a few seconds. Then churn stops and, within
+//! own per run; SQLite otherwise), each behind a balancer of its own on the
+//! gateways' side (the hop a network between gateway and sidecar pods
+//! would be), three agents with one account each, all against one kube-sim
+//! that churns configmaps. A seeded RNG picks faults: SIGKILL and restart of
+//! a gateway, a sidecar or an agent; every agent connection cut at the
+//! agents' balancer, or stalled for a few seconds; the gateways' connections
+//! to one sidecar cut, or stalled; and (PostgreSQL) the sidecars' database
+//! connections terminated again and again for a few seconds. Only a fault
+//! that did something counts (a cut when no connection was open is
+//! reported and another is picked). Then churn stops and, within
 //! a bound, every account's cache — read through every sidecar's facade,
 //! answered from the owner's cache — must equal kube-sim: no object missing,
 //! none that kube-sim does not have (phantom), none with another uid or
 //! resourceVersion (stale).
 //!
-//! The suite runs the short form (8 faults). The long form:
+//! The suite runs the short form (8 faults that did something). The long
+//! form:
 //!
 //! ```text
 //! SPINLINK_CHAOS_FAULTS=200 cargo test -p spinlink --test e2e_chaos -- --nocapture
@@ -74,6 +79,9 @@ enum Fault {
     KillAgent(usize),
     CutConnections,
     Stall(Duration),
+    /// The gateways' connections to one sidecar.
+    CutHop(usize),
+    StallHop(usize, Duration),
     DropDatabase(Duration),
 }
 
@@ -81,11 +89,13 @@ impl Fault {
     fn pick(rng: &mut Rng, postgres: bool) -> Fault {
         loop {
             return match rng.below(100) {
-                0..20 => Fault::KillGateway(rng.below(2)),
-                20..45 => Fault::KillSidecar(rng.below(3)),
-                45..60 => Fault::KillAgent(rng.below(AGENTS)),
-                60..75 => Fault::CutConnections,
-                75..85 => Fault::Stall(rng.millis(1000, 4000)),
+                0..15 => Fault::KillGateway(rng.below(2)),
+                15..35 => Fault::KillSidecar(rng.below(3)),
+                35..47 => Fault::KillAgent(rng.below(AGENTS)),
+                47..57 => Fault::CutConnections,
+                57..65 => Fault::Stall(rng.millis(1000, 4000)),
+                65..77 => Fault::CutHop(rng.below(3)),
+                77..87 => Fault::StallHop(rng.below(3), rng.millis(1000, 4000)),
                 _ if postgres => Fault::DropDatabase(rng.millis(1000, 4000)),
                 _ => continue,
             };
@@ -104,6 +114,8 @@ fn now_nanos() -> u64 {
 struct Chain {
     dir: PathBuf,
     sidecars: Vec<Sidecar>,
+    /// In front of each sidecar's tunnel: what the gateways dial.
+    hops: Vec<Balancer>,
     gateway_yamls: Vec<String>,
     gateways: Vec<(Proc, SocketAddr)>,
     balancer: Balancer,
@@ -130,36 +142,55 @@ impl Chain {
         self.agents[i] = scale::start_agent(&self.dir, &name, &self.agent_yamls[i]);
     }
 
-    fn inject(&mut self, fault: Fault, store: &SharedStore) -> String {
+    /// Injects `fault`; says what it did, and whether it did anything.
+    fn inject(&mut self, fault: Fault, store: &SharedStore) -> (String, bool) {
         match fault {
             Fault::KillGateway(i) => {
                 self.gateways[i].0.kill();
                 self.restart_gateway(i);
-                format!("killed and restarted gateway {}", i + 1)
+                (format!("killed and restarted gateway {}", i + 1), true)
             }
             Fault::KillSidecar(i) => {
                 self.sidecars[i].kill();
                 self.sidecars[i].restart();
-                format!("killed and restarted sidecar {}", self.sidecars[i].id)
+                let id = &self.sidecars[i].id;
+                (format!("killed and restarted sidecar {id}"), true)
             }
             Fault::KillAgent(i) => {
                 self.agents[i].kill();
                 self.restart_agent(i);
-                format!("killed and restarted agent {}", i + 1)
+                (format!("killed and restarted agent {}", i + 1), true)
             }
             Fault::CutConnections => {
-                format!(
-                    "cut {} connections at the balancer",
-                    self.balancer.cut(None)
-                )
+                let n = self.balancer.cut(None);
+                (format!("cut {n} agent connections at the balancer"), n > 0)
             }
             Fault::Stall(d) => {
                 let n = self.balancer.stall(None, d);
-                format!("stalled {n} connections for {d:?}")
+                (format!("stalled {n} agent connections for {d:?}"), n > 0)
+            }
+            Fault::CutHop(i) => {
+                let n = self.hops[i].cut(None);
+                let id = &self.sidecars[i].id;
+                (
+                    format!("cut {n} gateway connections to sidecar {id}"),
+                    n > 0,
+                )
+            }
+            Fault::StallHop(i, d) => {
+                let n = self.hops[i].stall(None, d);
+                let id = &self.sidecars[i].id;
+                (
+                    format!("stalled {n} gateway connections to sidecar {id} for {d:?}"),
+                    n > 0,
+                )
             }
             Fault::DropDatabase(d) => {
                 let n = store.drop_connections(d);
-                format!("terminated {n} database connections over {d:?}")
+                (
+                    format!("terminated {n} database connections over {d:?}"),
+                    n > 0,
+                )
             }
         }
     }
@@ -277,7 +308,11 @@ fn seeded_chaos_converges_to_the_cluster() {
 
     let store = SharedStore::new(dir, "spinlink_chaos");
     let sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
-    let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
+    let hops: Vec<Balancer> = sidecars
+        .iter()
+        .map(|s| Balancer::start(&[s.tunnel], None))
+        .collect();
+    let tunnels: Vec<_> = hops.iter().map(|h| h.addr).collect();
     let accounts: Vec<String> = (1..=AGENTS).map(|i| format!("acct-{i}")).collect();
     let policy: Policy = names
         .iter()
@@ -307,6 +342,7 @@ fn seeded_chaos_converges_to_the_cluster() {
     let mut chain = Chain {
         dir: dir.to_owned(),
         sidecars,
+        hops,
         gateway_yamls,
         gateways,
         balancer,
@@ -325,15 +361,29 @@ fn seeded_chaos_converges_to_the_cluster() {
     }
 
     let mut last_fault = Instant::now();
-    for n in 1..=faults {
+    let (mut done, mut idle) = (0, 0);
+    while done < faults {
         std::thread::sleep(rng.millis(300, 2500));
         let fault = Fault::pick(&mut rng, store.postgres());
-        let what = chain.inject(fault, &store);
+        let (what, effective) = chain.inject(fault, &store);
         last_fault = Instant::now();
-        eprintln!(
-            "chaos: fault {n}/{faults} at {:?}: {what}",
-            started.elapsed()
-        );
+        if effective {
+            done += 1;
+            eprintln!(
+                "chaos: fault {done}/{faults} at {:?}: {what}",
+                started.elapsed()
+            );
+        } else {
+            idle += 1;
+            eprintln!(
+                "chaos: at {:?}: {what}: no effect, not counted",
+                started.elapsed()
+            );
+            assert!(
+                idle <= faults * 3,
+                "chaos: {idle} faults found nothing to act on, against {done} that did"
+            );
+        }
     }
 
     std::fs::write(&stop_churn, "").unwrap();
@@ -413,7 +463,8 @@ fn seeded_chaos_converges_to_the_cluster() {
     };
     match converged {
         Some((after, objects)) => eprintln!(
-            "chaos: seed {seed}, {faults} faults, store {}: every cache equals kube-sim \
+            "chaos: seed {seed}, {faults} faults ({idle} more without effect, not counted), \
+             store {}: every cache equals kube-sim \
              ({objects} objects × {} accounts × {} facades: 0 missing, 0 phantom, 0 stale), \
              converged {after:?} after the last fault; whole run {:?}",
             store.engine(),
