@@ -245,6 +245,9 @@ struct State {
     cache_streams: usize,
     /// Cache streams opened here so far.
     cache_generation: u64,
+    /// The CA fingerprint of the cluster whose streams filled the cache;
+    /// empty when unknown.
+    cluster: String,
     relay: Option<RelayHandle>,
     highest_seq: Option<u64>,
     /// Since when no cache stream is open (`None` while online).
@@ -273,6 +276,7 @@ impl Account {
                 agent_identity: String::new(),
                 cache_streams: 0,
                 cache_generation: 0,
+                cluster: String::new(),
                 relay: None,
                 highest_seq: None,
                 offline_since: Some((Instant::now(), Utc::now())),
@@ -352,13 +356,24 @@ impl Account {
         kinds
     }
 
-    /// Drops every kind held and the message numbering (a cache the store
-    /// shows no record of: the account was removed and may now name another
-    /// cluster). Discovery documents stay; the agent sends them again.
-    pub fn drop_kinds(&self) {
+    /// Records that a stream of the cluster whose CA has `fingerprint`
+    /// (empty: unknown) opens. A cache held from another cluster under this
+    /// name — deleted and created again for another cluster while this
+    /// sidecar kept the old one — is no place to resume from: its kinds and
+    /// numbering are dropped (discovery stays; the agent sends its own).
+    /// Returns whether they were.
+    pub fn set_cluster(&self, fingerprint: &str) -> bool {
+        if fingerprint.is_empty() {
+            return false;
+        }
         let mut s = lock(&self.state);
-        self.write_cache().clear_kinds();
-        s.highest_seq = None;
+        let other = !s.cluster.is_empty() && s.cluster != fingerprint;
+        if other {
+            self.write_cache().clear_kinds();
+            s.highest_seq = None;
+        }
+        fingerprint.clone_into(&mut s.cluster);
+        other
     }
 
     /// Where the account stands.
@@ -814,6 +829,37 @@ mod tests {
         assert_eq!(serde_json::to_value(&st).unwrap()["state"], "removed");
         a.cache_opened("id2");
         assert_eq!(a.presence(), Presence::Online);
+    }
+
+    #[test]
+    fn a_cache_of_another_cluster_under_the_same_name_is_dropped() {
+        let a = Account::new("a", watch::Sender::new(0), None);
+        let pods = spinlink_proto::v1::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        };
+        let fill = |a: &Account| {
+            a.record_seq(7);
+            let mut c = a.write_cache();
+            c.sync_start(&pods);
+            c.sync_end(&pods, "10");
+        };
+        // Unknown, then known: nothing to compare with.
+        assert!(!a.set_cluster(""));
+        fill(&a);
+        assert!(!a.set_cluster("aa11"));
+        assert!(!a.set_cluster("aa11"), "the same cluster again");
+        assert!(!a.set_cluster(""), "an agent that does not say");
+        assert_eq!(a.read_cache().counts().0, 1);
+        // Another cluster: the kinds and the numbering go.
+        assert!(a.set_cluster("bb22"));
+        assert_eq!(a.read_cache().counts(), (0, 0, 0));
+        assert_eq!(a.highest_seq(), None);
+        fill(&a);
+        assert!(!a.set_cluster("bb22"));
     }
 
     #[tokio::test]

@@ -18,12 +18,13 @@
 //!   was, so `ResumeFrom` is empty and the agent lists, as without a
 //!   handover.
 //! - A sidecar that still holds a cache of the account (it was stale here,
-//!   in its grace period) compares it with the store's record of the
-//!   account's resourceVersions ([`crate::ownership::versions`]): at the
-//!   record or past it, the agent resumes from it; older (another owner
-//!   moved on) the previous owner's snapshot replaces it if there is one,
-//!   else the agent resumes from the older cache; with no record at all
-//!   (the account was removed meanwhile) it is dropped.
+//!   in its grace period) resumes from it when no other instance held the
+//!   account since; when one did, it compares the cache with the store's
+//!   record of the account's resourceVersions
+//!   ([`crate::ownership::versions`]): at the record or past it, the agent
+//!   resumes from it; older (the other owner moved on) the other's snapshot
+//!   replaces it if there is one, else the agent resumes from the older
+//!   cache.
 //! - The listener outlives the facade's during a drain: after the leases
 //!   are released the sidecar keeps serving until every account that was
 //!   online was fetched, or `ownership.handoverDrainSeconds`
@@ -103,10 +104,6 @@ pub enum Cold {
     Invalid,
     /// The snapshot held no kind this sidecar could use.
     Empty,
-    /// A cache was held here but the store had no record of the account
-    /// (it was removed since: the name may be another cluster's now), so
-    /// it was dropped, and there was no previous owner to ask.
-    Unrecorded,
 }
 
 impl Cold {
@@ -119,7 +116,6 @@ impl Cold {
             Self::Timeout => "timeout",
             Self::Invalid => "invalid",
             Self::Empty => "empty",
-            Self::Unrecorded => "unrecorded",
         }
     }
 }
@@ -143,10 +139,11 @@ pub enum Outcome {
         objects: usize,
     },
     /// The cache held here (from an earlier stream, the grace period) is
-    /// what the agent resumes from: `current` when it is where the store's
-    /// record says the account's last owner stood, else it is behind and no
-    /// fresher snapshot was to be had (the agent's watches replay what it
-    /// missed, or a kind too old for the API server is listed).
+    /// what the agent resumes from: `current` when no other instance held
+    /// the account since, or the store's record of the one that did is no
+    /// further; else it is behind and no fresher snapshot was to be had
+    /// (the agent's watches replay what it missed, or a kind too old for
+    /// the API server is listed).
     Resumed {
         /// The held cache matched the store's record.
         current: bool,
@@ -168,25 +165,9 @@ impl Outcome {
     }
 }
 
-/// How a cache held here compares with the store's record of the account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    /// Every kind is where the record says, or further.
-    Current,
-    /// Some kind is older than the record, missing from it, or the record
-    /// could not be read.
-    Behind,
-    /// The store holds no record at all: the account was removed (its
-    /// record cleared) since this cache was filled, and the name may now
-    /// be another cluster's.
-    Unrecorded,
-}
-
-/// Compares the resumable kinds of a held cache with the store's record.
-fn compare(held: &BTreeMap<KindKey, String>, recorded: &[KindVersion]) -> Held {
-    if recorded.is_empty() {
-        return Held::Unrecorded;
-    }
+/// Whether every resumable kind of a held cache is where the store's
+/// record says, or further; a kind missing from the record is not.
+fn current(held: &BTreeMap<KindKey, String>, recorded: &[KindVersion]) -> bool {
     let record: HashMap<KindKey, &str> = recorded
         .iter()
         .map(|k| {
@@ -200,12 +181,11 @@ fn compare(held: &BTreeMap<KindKey, String>, recorded: &[KindVersion]) -> Held {
             )
         })
         .collect();
-    let current = held.iter().all(|(key, rv)| {
+    held.iter().all(|(key, rv)| {
         record
             .get(key)
             .is_some_and(|r| *r == rv || crate::cache::is_newer(rv, r))
-    });
-    if current { Held::Current } else { Held::Behind }
+    })
 }
 
 /// Handover settings (`ownership.handover*`).
@@ -262,14 +242,16 @@ impl Handover {
     ///
     /// - Nothing cached here: load `from`'s snapshot (warm) or nothing
     ///   (cold: the agent lists).
-    /// - A cache held here from an earlier stream (the grace period),
-    ///   compared with the store's record of the account
-    ///   ([`crate::ownership::versions`]): where the record is, or further,
-    ///   it is resumed from; older (another owner moved on) it is replaced
-    ///   by `from`'s snapshot when that loads, else resumed from — the
-    ///   agent's watches replay what it missed, or list a kind whose
-    ///   resourceVersion the API server no longer has. With no record at
-    ///   all the account was removed since, so the cache is dropped.
+    /// - A cache held here from an earlier stream (the grace period), and
+    ///   no other instance held the account since: resumed from, the
+    ///   latest any owner had (the store's record may lag it).
+    /// - Held here, but `from` held it since: compared with the store's
+    ///   record of the account ([`crate::ownership::versions`]). Where the
+    ///   record is, or further, it is resumed from; older (or not in the
+    ///   record: `from` moved on, or recorded nothing) it is replaced by
+    ///   `from`'s snapshot when that loads, else resumed from — the agent's
+    ///   watches replay what it missed, or list a kind whose
+    ///   resourceVersion the API server no longer has.
     pub async fn take_over(
         &self,
         account: &Account,
@@ -286,19 +268,19 @@ impl Handover {
                 Ok(loaded) => load(account, loaded, false),
                 Err(cold) => Outcome::Cold(cold),
             }
-        } else {
-            let verdict = match store.resource_versions(account.name()).await {
-                Ok(recorded) => compare(&held, &recorded),
+        } else if let Some(from) = from {
+            let current = match store.resource_versions(account.name()).await {
+                Ok(recorded) => current(&held, &recorded),
                 Err(e) => {
                     tracing::warn!(account = account.name(), error = %e,
                         "reading the recorded resourceVersions failed; taking the cache held here as behind");
-                    Held::Behind
+                    false
                 }
             };
-            match (verdict, from) {
-                (Held::Current, _) => Outcome::Resumed { current: true },
-                (Held::Behind, None) => Outcome::Resumed { current: false },
-                (Held::Behind, Some(from)) => match self.fetch_within(account, from).await {
+            if current {
+                Outcome::Resumed { current: true }
+            } else {
+                match self.fetch_within(account, from).await {
                     Ok(loaded) if loaded.kinds() > 0 => load(account, loaded, true),
                     Ok(_) => Outcome::Resumed { current: false },
                     Err(cold) => {
@@ -306,18 +288,10 @@ impl Handover {
                             "no fresher snapshot; resuming from the older cache held here");
                         Outcome::Resumed { current: false }
                     }
-                },
-                (Held::Unrecorded, from) => {
-                    account.drop_kinds();
-                    match from {
-                        None => Outcome::Cold(Cold::Unrecorded),
-                        Some(from) => match self.fetch_within(account, from).await {
-                            Ok(loaded) => load(account, loaded, false),
-                            Err(cold) => Outcome::Cold(cold),
-                        },
-                    }
                 }
             }
+        } else {
+            Outcome::Resumed { current: true }
         };
         let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let from = from.map_or("", |f| f.instance.as_str());

@@ -248,6 +248,10 @@ impl Tunnel for TunnelService {
             }
         }
         let account = self.accounts.get_or_create(&name);
+        if account.set_cluster(&fingerprint) {
+            tracing::warn!(account = %name, agent = %identity,
+                "the cache held for this name was another cluster's; dropped");
+        }
         // The account's first stream here decides what its cache starts
         // from; a second one (the agent moving connections) continues it.
         let first = account.presence() != Presence::Online;
