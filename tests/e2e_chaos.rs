@@ -3,18 +3,23 @@
 //!
 //! Two gateways behind a TCP balancer, three sidecars on one store
 //! (PostgreSQL when `SPINLINK_TEST_POSTGRES_URL` is set, in a schema of its
-//! own per run; SQLite otherwise), three agents with one account each, all
-//! against one kube-sim that churns configmaps. A seeded RNG picks faults:
-//! SIGKILL and restart of a gateway, a sidecar or an agent, every
-//! connection cut at the balancer, the balancer stalling its connections for
-//! a few seconds, and (PostgreSQL) the sidecars' database connections
-//! terminated again and again for a few seconds. Then churn stops and, within
+//! own per run; SQLite otherwise), each behind a balancer of its own on the
+//! gateways' side (the hop a network between gateway and sidecar pods
+//! would be), three agents with one account each, all against one kube-sim
+//! that churns configmaps. A seeded RNG picks faults: SIGKILL and restart of
+//! a gateway, a sidecar or an agent; every agent connection cut at the
+//! agents' balancer, or stalled for a few seconds; the gateways' connections
+//! to one sidecar cut, or stalled; and (PostgreSQL) the sidecars' database
+//! connections terminated again and again for a few seconds. Only a fault
+//! that did something counts (a cut when no connection was open is
+//! reported and another is picked). Then churn stops and, within
 //! a bound, every account's cache — read through every sidecar's facade,
 //! answered from the owner's cache — must equal kube-sim: no object missing,
 //! none that kube-sim does not have (phantom), none with another uid or
 //! resourceVersion (stale).
 //!
-//! The suite runs the short form (8 faults). The long form:
+//! The suite runs the short form (8 faults that did something). The long
+//! form:
 //!
 //! ```text
 //! SPINLINK_CHAOS_FAULTS=200 cargo test -p spinlink --test e2e_chaos -- --nocapture
@@ -34,6 +39,7 @@ use std::time::{Duration, Instant};
 use spinlink_tls::dev::DevPki;
 use support::balancer::Balancer;
 use support::scale::{self, Policy, Sidecar};
+use support::store::SharedStore;
 use support::{Kubectl, Proc, try_http, write_kubeconfig};
 
 /// Faults in the short form.
@@ -73,6 +79,9 @@ enum Fault {
     KillAgent(usize),
     CutConnections,
     Stall(Duration),
+    /// The gateways' connections to one sidecar.
+    CutHop(usize),
+    StallHop(usize, Duration),
     DropDatabase(Duration),
 }
 
@@ -80,97 +89,17 @@ impl Fault {
     fn pick(rng: &mut Rng, postgres: bool) -> Fault {
         loop {
             return match rng.below(100) {
-                0..20 => Fault::KillGateway(rng.below(2)),
-                20..45 => Fault::KillSidecar(rng.below(3)),
-                45..60 => Fault::KillAgent(rng.below(AGENTS)),
-                60..75 => Fault::CutConnections,
-                75..85 => Fault::Stall(rng.millis(1000, 4000)),
+                0..15 => Fault::KillGateway(rng.below(2)),
+                15..35 => Fault::KillSidecar(rng.below(3)),
+                35..47 => Fault::KillAgent(rng.below(AGENTS)),
+                47..57 => Fault::CutConnections,
+                57..65 => Fault::Stall(rng.millis(1000, 4000)),
+                65..77 => Fault::CutHop(rng.below(3)),
+                77..87 => Fault::StallHop(rng.below(3), rng.millis(1000, 4000)),
                 _ if postgres => Fault::DropDatabase(rng.millis(1000, 4000)),
                 _ => continue,
             };
         }
-    }
-}
-
-/// A schema of its own in the PostgreSQL at `SPINLINK_TEST_POSTGRES_URL`,
-/// dropped at the end.
-struct Postgres {
-    url: String,
-    schema: String,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Postgres {
-    fn from_env(seed: u64) -> Option<Postgres> {
-        let url = std::env::var("SPINLINK_TEST_POSTGRES_URL").ok()?;
-        let nonce = std::process::id() as u64 ^ seed.rotate_left(17) ^ now_nanos();
-        let pg = Postgres {
-            url,
-            schema: format!("spinlink_chaos_{:016x}", nonce),
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
-        };
-        pg.exec(&format!("CREATE SCHEMA {}", pg.schema));
-        Some(pg)
-    }
-
-    /// The store URL sidecar `id` uses: this run's schema, and an
-    /// application name that lets the test find its connections.
-    fn store_url(&self, id: &str) -> String {
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        format!(
-            "{}{sep}options=-c%20search_path%3D{}&application_name={}_{id}",
-            self.url, self.schema, self.schema
-        )
-    }
-
-    fn exec(&self, sql: &str) -> u64 {
-        self.rt.block_on(async {
-            let pool = sqlx::PgPool::connect(&self.url)
-                .await
-                .expect("SPINLINK_TEST_POSTGRES_URL is set but unusable");
-            let n = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-                .rows_affected();
-            pool.close().await;
-            n
-        })
-    }
-
-    /// Terminates every backend of this run's sidecars, again and again
-    /// for `d`: the database is unreachable to them for that long.
-    fn drop_connections(&self, d: Duration) -> u64 {
-        let sql = format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE application_name LIKE '{}\\_%' AND pid <> pg_backend_pid()",
-            self.schema
-        );
-        let end = Instant::now() + d;
-        let mut n = 0;
-        self.rt.block_on(async {
-            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-            while Instant::now() < end {
-                if let Ok(r) = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                    .fetch_all(&pool)
-                    .await
-                {
-                    n += r.len() as u64;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            pool.close().await;
-        });
-        n
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        self.exec(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
     }
 }
 
@@ -185,6 +114,8 @@ fn now_nanos() -> u64 {
 struct Chain {
     dir: PathBuf,
     sidecars: Vec<Sidecar>,
+    /// In front of each sidecar's tunnel: what the gateways dial.
+    hops: Vec<Balancer>,
     gateway_yamls: Vec<String>,
     gateways: Vec<(Proc, SocketAddr)>,
     balancer: Balancer,
@@ -211,38 +142,55 @@ impl Chain {
         self.agents[i] = scale::start_agent(&self.dir, &name, &self.agent_yamls[i]);
     }
 
-    fn inject(&mut self, fault: Fault, pg: Option<&Postgres>) -> String {
+    /// Injects `fault`; says what it did, and whether it did anything.
+    fn inject(&mut self, fault: Fault, store: &SharedStore) -> (String, bool) {
         match fault {
             Fault::KillGateway(i) => {
                 self.gateways[i].0.kill();
                 self.restart_gateway(i);
-                format!("killed and restarted gateway {}", i + 1)
+                (format!("killed and restarted gateway {}", i + 1), true)
             }
             Fault::KillSidecar(i) => {
                 self.sidecars[i].kill();
                 self.sidecars[i].restart();
-                format!("killed and restarted sidecar {}", self.sidecars[i].id)
+                let id = &self.sidecars[i].id;
+                (format!("killed and restarted sidecar {id}"), true)
             }
             Fault::KillAgent(i) => {
                 self.agents[i].kill();
                 self.restart_agent(i);
-                format!("killed and restarted agent {}", i + 1)
+                (format!("killed and restarted agent {}", i + 1), true)
             }
             Fault::CutConnections => {
-                format!(
-                    "cut {} connections at the balancer",
-                    self.balancer.cut(None)
-                )
+                let n = self.balancer.cut(None);
+                (format!("cut {n} agent connections at the balancer"), n > 0)
             }
             Fault::Stall(d) => {
                 let n = self.balancer.stall(None, d);
-                format!("stalled {n} connections for {d:?}")
+                (format!("stalled {n} agent connections for {d:?}"), n > 0)
+            }
+            Fault::CutHop(i) => {
+                let n = self.hops[i].cut(None);
+                let id = &self.sidecars[i].id;
+                (
+                    format!("cut {n} gateway connections to sidecar {id}"),
+                    n > 0,
+                )
+            }
+            Fault::StallHop(i, d) => {
+                let n = self.hops[i].stall(None, d);
+                let id = &self.sidecars[i].id;
+                (
+                    format!("stalled {n} gateway connections to sidecar {id} for {d:?}"),
+                    n > 0,
+                )
             }
             Fault::DropDatabase(d) => {
-                let n = pg
-                    .expect("PostgreSQL faults only with PostgreSQL")
-                    .drop_connections(d);
-                format!("terminated {n} database connections over {d:?}")
+                let n = store.drop_connections(d);
+                (
+                    format!("terminated {n} database connections over {d:?}"),
+                    n > 0,
+                )
             }
         }
     }
@@ -358,20 +306,13 @@ fn seeded_chaos_converges_to_the_cluster() {
     sim.listening("kube-sim");
     let direct = Kubectl::new(dir, "direct", &kubeconfig);
 
-    let pg = Postgres::from_env(seed);
-    eprintln!(
-        "chaos: store on {}",
-        pg.as_ref().map_or("SQLite", |_| "PostgreSQL")
-    );
-    let sqlite = format!("sqlite://{}", dir.join("shared.db").display());
-    let sidecars: Vec<Sidecar> = ["s1", "s2", "s3"]
+    let store = SharedStore::new(dir, "spinlink_chaos");
+    let sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
+    let hops: Vec<Balancer> = sidecars
         .iter()
-        .map(|id| {
-            let url = pg.as_ref().map_or(sqlite.clone(), |pg| pg.store_url(id));
-            Sidecar::start(dir, id, &url, 3)
-        })
+        .map(|s| Balancer::start(&[s.tunnel], None))
         .collect();
-    let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
+    let tunnels: Vec<_> = hops.iter().map(|h| h.addr).collect();
     let accounts: Vec<String> = (1..=AGENTS).map(|i| format!("acct-{i}")).collect();
     let policy: Policy = names
         .iter()
@@ -401,6 +342,7 @@ fn seeded_chaos_converges_to_the_cluster() {
     let mut chain = Chain {
         dir: dir.to_owned(),
         sidecars,
+        hops,
         gateway_yamls,
         gateways,
         balancer,
@@ -419,15 +361,29 @@ fn seeded_chaos_converges_to_the_cluster() {
     }
 
     let mut last_fault = Instant::now();
-    for n in 1..=faults {
+    let (mut done, mut idle) = (0, 0);
+    while done < faults {
         std::thread::sleep(rng.millis(300, 2500));
-        let fault = Fault::pick(&mut rng, pg.is_some());
-        let what = chain.inject(fault, pg.as_ref());
+        let fault = Fault::pick(&mut rng, store.postgres());
+        let (what, effective) = chain.inject(fault, &store);
         last_fault = Instant::now();
-        eprintln!(
-            "chaos: fault {n}/{faults} at {:?}: {what}",
-            started.elapsed()
-        );
+        if effective {
+            done += 1;
+            eprintln!(
+                "chaos: fault {done}/{faults} at {:?}: {what}",
+                started.elapsed()
+            );
+        } else {
+            idle += 1;
+            eprintln!(
+                "chaos: at {:?}: {what}: no effect, not counted",
+                started.elapsed()
+            );
+            assert!(
+                idle <= faults * 3,
+                "chaos: {idle} faults found nothing to act on, against {done} that did"
+            );
+        }
     }
 
     std::fs::write(&stop_churn, "").unwrap();
@@ -507,10 +463,11 @@ fn seeded_chaos_converges_to_the_cluster() {
     };
     match converged {
         Some((after, objects)) => eprintln!(
-            "chaos: seed {seed}, {faults} faults, store {}: every cache equals kube-sim \
+            "chaos: seed {seed}, {faults} faults ({idle} more without effect, not counted), \
+             store {}: every cache equals kube-sim \
              ({objects} objects × {} accounts × {} facades: 0 missing, 0 phantom, 0 stale), \
              converged {after:?} after the last fault; whole run {:?}",
-            pg.as_ref().map_or("SQLite", |_| "PostgreSQL"),
+            store.engine(),
             accounts.len(),
             chain.sidecars.len(),
             started.elapsed()

@@ -2,7 +2,9 @@
 //! kubectl.
 //!
 //! Two gateways behind a TCP balancer (the test kit's NLB), three sidecars on
-//! one shared store, one agent with account `prod`. kubectl reaches the
+//! one shared store (PostgreSQL in a schema of its own when
+//! `SPINLINK_TEST_POSTGRES_URL` is set, SQLite otherwise), one agent with
+//! account `prod`. kubectl reaches the
 //! sidecars through a second balancer in front of their facades — in a
 //! cluster, the Kubernetes Service Clouddriver's kubeconfig names. While a
 //! background thread runs a steady, bounded loop of reads (`get pods -o
@@ -24,74 +26,9 @@ use std::time::Instant;
 use spinlink_tls::dev::DevPki;
 use support::balancer::Balancer;
 use support::scale::{self, Sidecar};
+use support::store::SharedStore;
+use support::workload::{self, configmap};
 use support::{Kubectl, wait_for, write_kubeconfig};
-
-/// The workload's bound: it stops when told, or after this many rounds.
-const MAX_ROUNDS: usize = 1000;
-
-/// What the background kubectl loop did.
-struct Workload {
-    rounds: usize,
-    commands: usize,
-    failures: Vec<String>,
-    /// The ConfigMap value and the replica count the last writes set.
-    last: Option<(usize, usize)>,
-}
-
-fn configmap(round: usize) -> String {
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rolling\n  namespace: demo\n\
-         data:\n  round: \"{round}\"\n"
-    )
-}
-
-/// Reads and writes through `kubectl` until `stop` (or [`MAX_ROUNDS`]),
-/// recording every failure with its stderr.
-fn workload(kubectl: &Kubectl, stop: &AtomicBool, rounds: &AtomicUsize) -> Workload {
-    let mut w = Workload {
-        rounds: 0,
-        commands: 0,
-        failures: Vec::new(),
-        last: None,
-    };
-    for round in 1..=MAX_ROUNDS {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        let replicas = round % 3 + 1;
-        let replicas_arg = format!("--replicas={replicas}");
-        let manifest = configmap(round);
-        let steps: [(&[&str], Option<&str>); 4] = [
-            (&["get", "pods", "-n", "demo", "-o", "json"], None),
-            (&["get", "deploy", "-n", "demo"], None),
-            (&["apply", "-f", "-"], Some(&manifest)),
-            (
-                &["scale", "deployment/web", "-n", "demo", &replicas_arg],
-                None,
-            ),
-        ];
-        let mut wrote = true;
-        for (args, input) in steps {
-            let started = Instant::now();
-            let out = kubectl.run_with_input(args, input);
-            w.commands += 1;
-            if !out.status.success() {
-                wrote &= args[0] != "apply" && args[0] != "scale";
-                w.failures.push(format!(
-                    "round {round}, kubectl {args:?} after {:?}: {}",
-                    started.elapsed(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-        }
-        if wrote {
-            w.last = Some((round, replicas));
-        }
-        w.rounds = round;
-        rounds.store(round, Ordering::Relaxed);
-    }
-    w
-}
 
 #[test]
 fn rolling_restarts_of_gateways_and_sidecars_fail_no_request() {
@@ -102,11 +39,8 @@ fn rolling_restarts_of_gateways_and_sidecars_fail_no_request() {
     let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
 
-    let store = format!("sqlite://{}", dir.join("shared.db").display());
-    let mut sidecars: Vec<Sidecar> = ["s1", "s2", "s3"]
-        .iter()
-        .map(|id| Sidecar::start(dir, id, &store, 3))
-        .collect();
+    let store = SharedStore::new(dir, "spinlink_rolling");
+    let mut sidecars = scale::start_sidecars(dir, &store, &["s1", "s2", "s3"], 3);
     let tunnels: Vec<_> = sidecars.iter().map(|s| s.tunnel).collect();
     let facades: Vec<_> = sidecars.iter().map(|s| s.facade).collect();
     let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
@@ -155,7 +89,7 @@ fn rolling_restarts_of_gateways_and_sidecars_fail_no_request() {
     let rounds = Arc::new(AtomicUsize::new(0));
     let runner = {
         let (stop, rounds) = (stop.clone(), rounds.clone());
-        std::thread::spawn(move || workload(&client, &stop, &rounds))
+        std::thread::spawn(move || workload::run(&client, &stop, &rounds))
     };
     // Each step waits for the loop to get a few rounds done, so every
     // restart happens under load and the next one only once it has settled.

@@ -1,7 +1,8 @@
 //! How the gateway spreads accounts over sidecars, and how many move when the
-//! sidecars scale 3 → 4 → 3 (issue 6). It runs the gateway's own assignment
-//! ([`spinlink_gateway::route`]: rendezvous hashing with bounded load, as
-//! `upstream::set` applies it) over account names; nothing is started.
+//! sidecars scale 3 → 4 → 3 (issue 6). A computation, not a measurement: it
+//! runs the gateway's own assignment code ([`spinlink_gateway::route`]:
+//! rendezvous hashing with bounded load, as `upstream::set` applies it) over
+//! account names in this process; no gateway, sidecar or agent is started.
 //!
 //! Two ways accounts arrive: *fresh*, every agent connecting anew (after a
 //! gateway restart), in a seeded random order; and *sticky*, the gateway's
@@ -130,7 +131,13 @@ pub fn run(o: &Options, r: &mut Report) {
     ));
     // Sticky: accounts stay while their streams are open. Scaling up moves
     // nothing until connections reach their maximum age and reconnect (then
-    // as fresh); scaling down moves exactly the removed sidecar's accounts.
+    // as fresh): the new sidecar stays empty and the others keep their
+    // load (sidecar i of three is sidecar i of four). Scaling down moves
+    // exactly the removed sidecar's accounts.
+    let (max, ratio) = spread(&f3, 4);
+    r.line(format!(
+        "sticky, 3→4: 0 moved; until connections reconnect sidecar-3 holds none: max {max}, max/mean {ratio:.3}"
+    ));
     let survivors: HashMap<String, usize> = f4
         .iter()
         .filter(|(_, i)| **i < 3)
@@ -144,7 +151,7 @@ pub fn run(o: &Options, r: &mut Report) {
     let s3 = assign(&n3, &orphans, &survivors, o.load_factor);
     let (max, ratio) = spread(&s3, 3);
     r.line(format!(
-        "sticky, 3→4: 0 moved; 4→3 (sidecar-3 removed): {} moved ({:.1}%), then max {max}, max/mean {ratio:.3}",
+        "sticky, 4→3 (sidecar-3 removed): {} moved ({:.1}%), then max {max}, max/mean {ratio:.3}",
         orphans.len(),
         100.0 * orphans.len() as f64 / o.accounts as f64
     ));
@@ -172,5 +179,10 @@ mod tests {
         assert!(spread(&a4, 4).1 <= 1.25 + 1e-9);
         // Far fewer than all accounts move when a fourth sidecar comes.
         assert!(moved(&a3, &nodes(3), &a4, &nodes(4)) < 150);
+        // Sticky, the fourth sidecar starts empty: the others keep their
+        // load, so the spread over four is worse than over three.
+        assert_eq!(moved(&a3, &nodes(3), &a3, &nodes(4)), 0);
+        assert_eq!(spread(&a3, 4).0, spread(&a3, 3).0);
+        assert!(spread(&a3, 4).1 > spread(&a3, 3).1);
     }
 }

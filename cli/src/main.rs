@@ -127,6 +127,11 @@ struct KubeSimArgs {
     /// comparing caches with the cluster).
     #[arg(long)]
     churn_stop_file: Option<PathBuf>,
+    /// Write events kept for watches to resume from; a watch from an older
+    /// resourceVersion gets 410 Expired, as past a real API server's watch
+    /// cache window.
+    #[arg(long, default_value_t = spinlink_kube_sim::config::DEFAULT_HISTORY)]
+    watch_history: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -213,11 +218,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             drain(sidecar.run(shutdown.clone()), &shutdown).await
         }
         Command::KubeSim(args) => {
-            let sim = if args.empty {
-                spinlink_kube_sim::Sim::new()
-            } else {
-                spinlink_kube_sim::Sim::with_demo_workload()
-            };
+            let sim = spinlink_kube_sim::Sim::with_config(
+                spinlink_kube_sim::SimConfig::default().history(args.watch_history),
+            );
+            if !args.empty {
+                sim.add_demo_workload();
+            }
             if args.seed_pods > 0 {
                 sim.seed_pods(args.seed_pods)
                     .map_err(|s| anyhow::anyhow!("seeding pods: {}", s.message))?;

@@ -26,7 +26,8 @@ pub const DEFAULT_OPENAPI_CACHE_BYTES: u64 = 256 * 1024 * 1024;
 /// How long an account whose agent disconnected is kept (served stale from
 /// its cache, registered in Clouddriver) before it is removed.
 pub const DEFAULT_GRACE_PERIOD_SECS: u64 = 600;
-/// Relayed operations remembered per account for the accounts API.
+/// Relayed operations kept per account in the store's journal for the
+/// accounts API.
 pub const DEFAULT_OPERATION_HISTORY: usize = 200;
 /// First delay before retrying a failed Clouddriver call.
 pub const DEFAULT_RETRY_INITIAL_MILLIS: u64 = 500;
@@ -236,7 +237,8 @@ pub struct AccountsConfig {
     /// registered) after its agent disconnected, before it is deregistered
     /// and its cache dropped.
     pub grace_period_seconds: u64,
-    /// Relayed operations remembered per account (a ring buffer).
+    /// Relayed operations kept per account in the store's journal (the
+    /// oldest are pruned).
     pub operation_history: usize,
     /// The key that seals dynamic accounts' kubeconfigs (AES-256-GCM): a
     /// file of 32 random bytes, raw or base64. Without it `POST

@@ -97,6 +97,8 @@ pub struct Sidecar {
     handover_addr: SocketAddr,
     security: tunnel::Security,
     accounts: Accounts,
+    journal: accounts::journal::Writer,
+    metrics: metrics::Metrics,
     store: store::Store,
     cipher: Option<dynamic::crypto::Cipher>,
 }
@@ -150,7 +152,15 @@ impl Sidecar {
                 .unwrap_or_else(|| SocketAddr::new(facade_addr.ip(), 0)),
         )
         .await?;
-        let accounts = Accounts::with_history(config.accounts.operation_history)
+        let metrics = metrics::Metrics::default();
+        let (journal, journal_writer) = accounts::journal::Journal::new(
+            store.clone(),
+            &config.instance_id,
+            config.accounts.operation_history,
+            metrics.journal_dropped(),
+        );
+        let accounts = Accounts::new()
+            .with_journal(journal)
             .with_instance(&config.instance_id);
         Ok(Sidecar {
             config,
@@ -162,6 +172,8 @@ impl Sidecar {
             handover_addr,
             security,
             accounts,
+            journal: journal_writer,
+            metrics,
             store,
             cipher,
         })
@@ -216,7 +228,10 @@ impl Sidecar {
                 .clone()
                 .unwrap_or_else(|| facade_url(self.handover_addr)),
         );
-        let metrics = metrics::Metrics::default();
+        let metrics = self.metrics.clone();
+        // Outlives the facade: the operations it relays last are journaled.
+        let journal_stop = CancellationToken::new();
+        let journal = tokio::spawn(self.journal.run(journal_stop.clone()));
         let handover = handover::Handover::new(
             self.accounts.clone(),
             handover::Settings {
@@ -239,8 +254,14 @@ impl Sidecar {
         // no request in flight is cut and the account moves once.
         let streams = CancellationToken::new();
         let registered = ownership.register().await;
+        let recorder = ownership::versions::Recorder::new(
+            self.store.clone(),
+            &self.config.instance_id,
+            metrics.resource_version_writes(),
+        );
         let owning = tokio::spawn(ownership.clone().run(
             self.accounts.clone(),
+            recorder,
             registered,
             streams.clone(),
         ));
@@ -320,8 +341,11 @@ impl Sidecar {
             }
         };
         let facade_result = facade.await;
+        journal_stop.cancel();
+        let journal_result = journal.await;
         let lifecycle_result = lifecycle.await;
-        // Leases are released before the store closes.
+        // The last positions are recorded and the leases released before
+        // the store closes.
         let owning_result = owning.await;
         // The leases are free: the accounts' new owners fetch their caches
         // now. Only a store other sidecars share can have any.
@@ -349,6 +373,7 @@ impl Sidecar {
         let handover_result = handover_server.await;
         self.store.close().await;
         owning_result.map_err(|e| Error::Task("ownership", e))?;
+        journal_result.map_err(|e| Error::Task("journal", e))?;
         handover_result.map_err(|e| Error::Task("handover", e))?;
         lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;

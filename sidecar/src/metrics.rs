@@ -57,6 +57,8 @@ struct Inner {
     cache_watches: Family<Labels, Gauge>,
     cache_watches_expired: Family<Labels, Counter>,
     handovers: Family<Labels, Counter>,
+    journal_dropped: Counter,
+    resource_version_writes: Counter,
     openapi_bytes: Gauge,
     openapi_documents: Gauge,
 }
@@ -141,8 +143,20 @@ impl Metrics {
         let handovers = Family::<Labels, Counter>::default();
         registry.register(
             "handovers",
-            "Accounts taken over from another sidecar, by outcome: warm (its cache snapshot loaded, the agent resumed) or cold with the reason (the agent listed again)",
+            "Where an account's first cache stream here started from, by outcome: warm (a previous owner's snapshot loaded; reason fresher when it replaced an older cache held here), resumed (the cache held here since an earlier stream; reason current or behind the store's record) or cold with the reason (the agent listed again)",
             handovers.clone(),
+        );
+        let journal_dropped = Counter::default();
+        registry.register(
+            "journal_dropped",
+            "Relayed operations not journaled because the queue to the store was full",
+            journal_dropped.clone(),
+        );
+        let resource_version_writes = Counter::default();
+        registry.register(
+            "resource_version_writes",
+            "Per-kind resourceVersions written to the store (batched per account, not per event)",
+            resource_version_writes.clone(),
         );
         let openapi_bytes = Gauge::default();
         registry.register(
@@ -164,6 +178,8 @@ impl Metrics {
                 cache_watches,
                 cache_watches_expired,
                 handovers,
+                journal_dropped,
+                resource_version_writes,
                 requests,
                 relay_seconds,
                 registrations,
@@ -172,6 +188,16 @@ impl Metrics {
                 state,
             }),
         }
+    }
+
+    /// Counts relayed operations the journal's full queue dropped.
+    pub fn journal_dropped(&self) -> Counter {
+        self.inner.journal_dropped.clone()
+    }
+
+    /// Counts per-kind resourceVersions written to the store.
+    pub fn resource_version_writes(&self) -> Counter {
+        self.inner.resource_version_writes.clone()
     }
 
     /// Counts one facade request.

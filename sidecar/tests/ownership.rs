@@ -1,5 +1,6 @@
-//! Two sidecars sharing one store: an account is owned by the instance whose
-//! lease it holds, a request to the other is forwarded once, a forwarded
+//! Two sidecars sharing one store (SQLite, or PostgreSQL in a schema of its
+//! own when `SPINLINK_TEST_POSTGRES_URL` is set): an account is owned by the
+//! instance whose lease it holds, a request to the other is forwarded once, a forwarded
 //! request that finds no owner is a retryable 503, a cache stream for an
 //! owned account is refused elsewhere, and a drained owner's accounts can be
 //! taken over at once.
@@ -16,24 +17,25 @@ fn pod(name: &str) -> serde_json::Value {
         "spec": {"containers": [{"name": "c"}]}})
 }
 
-/// Sidecars `sidecar-a` and `sidecar-b` on one SQLite store (in the
-/// returned directory) with `lease_seconds` leases.
-async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(tempfile::TempDir, Running, Running)> {
-    let dir = tempfile::tempdir()?;
-    let store = format!("sqlite://{}", dir.path().join("shared.db").display());
+/// Sidecars `sidecar-a` and `sidecar-b` on one store (SQLite, or
+/// PostgreSQL when `SPINLINK_TEST_POSTGRES_URL` is set) with
+/// `lease_seconds` leases.
+async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(SharedStore, Running, Running)> {
+    let store = SharedStore::new().await?;
     let extra = |id: &str| {
         format!(
-            "store: {{ url: \"{store}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n"
+            "store: {{ url: \"{}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n",
+            store.url
         )
     };
     let a = start_named(&extra("sidecar-a")).await?;
     let b = start_named(&extra("sidecar-b")).await?;
-    Ok((dir, a, b))
+    Ok((store, a, b))
 }
 
 #[tokio::test]
 async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
-    let (_dir, a, b) = two_sidecars(30).await?;
+    let (_store, a, b) = two_sidecars(30).await?;
 
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
@@ -129,7 +131,7 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
 {
     // A 60 s lease, renewed every 20 s: the takeover below must come from
     // the release when the streams end, long before either.
-    let (_dir, a, b) = two_sidecars(60).await?;
+    let (_store, a, b) = two_sidecars(60).await?;
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
     let pods = kind("", "v1", "pods", "Pod", true);
@@ -203,4 +205,254 @@ async fn an_account_name_is_refused_for_a_second_cluster() -> anyhow::Result<()>
     assert!(again.is_ok());
     drop((first, again));
     sidecar.stop().await
+}
+
+/// Opens a cache stream for `account` numbered from `seq`, retrying while
+/// another instance still holds its lease (it has not seen its streams end).
+async fn open_when_free(
+    client: &mut spinlink_proto::v1::tunnel_client::TunnelClient<tonic::transport::Channel>,
+    account: &str,
+    seq: u64,
+) -> anyhow::Result<CacheStream> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match CacheStream::open_at(client, account, seq).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let status = e.downcast_ref::<tonic::Status>().expect("a gRPC status");
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.context("the lease was never released")),
+        }
+    }
+}
+
+/// Waits until the store records pods of `account` at `rv`.
+async fn recorded(store: &SharedStore, account: &str, rv: &str) -> anyhow::Result<()> {
+    let db = spinlink_sidecar::store::Store::open(&store.url).await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let kinds = db.resource_versions(account).await?;
+        if kinds
+            .iter()
+            .any(|k| k.resource == "pods" && k.resource_version == rv)
+        {
+            db.close().await;
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("pods of {account} never recorded at {rv}: {kinds:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn pod_at(name: &str, rv: &str) -> serde_json::Value {
+    let mut p = pod(name);
+    p["metadata"]["resourceVersion"] = json!(rv);
+    p
+}
+
+/// An account that goes away from a sidecar and comes back while its cache
+/// is still held there (the grace period): where the store's record shows
+/// another owner moved on, that owner's snapshot replaces the older cache
+/// and the agent resumes from it; where the record matches the cache held,
+/// the agent resumes from that. Either way nothing is listed again.
+#[tokio::test]
+async fn an_account_back_with_its_old_cache_resumes_from_the_freshest_one() -> anyhow::Result<()> {
+    let (store, a, b) = two_sidecars(30).await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let (mut to_a, mut to_b) = (a.client().await?, b.client().await?);
+
+    // A owns it first: pods synced at 1000 (messages 1..=4).
+    let mut cache = CacheStream::open_at(&mut to_a, "prod", 1).await?;
+    assert!(cache.resume_from().await?.is_empty());
+    sync(&mut cache, &pods, &[pod_at("web-1", "999")]).await?;
+    cache.wait_acked().await?;
+    drop(cache);
+    wait_status(&a, "prod", |s| !s.online).await?;
+    recorded(&store, "prod", "1000").await?;
+
+    // B takes it over warm from A and moves on: web-2 at 1001.
+    let mut cache = open_when_free(&mut to_b, "prod", 4).await?;
+    assert_eq!(cache.resume_from().await?, [("pods".into(), "1000".into())]);
+    cache.send(added(&pods, &pod_at("web-2", "1001"))).await?;
+    cache.wait_acked().await?;
+    drop(cache);
+    wait_status(&b, "prod", |s| !s.online).await?;
+    recorded(&store, "prod", "1001").await?;
+
+    // Back at A, whose cache is still at 1000: B's snapshot replaces it.
+    let mut cache = open_when_free(&mut to_a, "prod", 5).await?;
+    assert_eq!(
+        cache.resume_from().await?,
+        [("pods".into(), "1001".into())],
+        "A resumes from where B left off, not from its older cache"
+    );
+    cache.wait_acked().await?;
+    let http = http();
+    let list = get(&http, &a.url("/accounts/prod/api/v1/namespaces/demo/pods"))
+        .await?
+        .json();
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["web-1", "web-2"]);
+    drop(cache);
+    wait_status(&a, "prod", |s| !s.online).await?;
+
+    // Back at A again, nobody in between: its cache is the record.
+    let mut cache = open_when_free(&mut to_a, "prod", 5).await?;
+    assert_eq!(cache.resume_from().await?, [("pods".into(), "1001".into())]);
+    let metrics = get(&http, &a.url("/metrics")).await?;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"fresher\"} 1",
+        "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"current\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    drop((cache, to_a, to_b));
+    a.stop().await?;
+    b.stop().await
+}
+
+/// The answer the agent (played here, on this clock) gives every relayed
+/// request: 200 with a tiny JSON body, and its times.
+async fn answer_all(mut relay: RelayStream) {
+    use spinlink_proto::v1::{self, relay_down, relay_up};
+    while let Ok(msg) = relay.next().await {
+        let relay_down::Msg::Head(head) = msg else {
+            continue;
+        };
+        let started = chrono::Utc::now().timestamp_micros();
+        let id = head.id;
+        let _ = relay
+            .send(relay_up::Msg::Head(v1::ResponseHead {
+                id,
+                status: 200,
+                headers: vec![v1::Header {
+                    name: "content-type".into(),
+                    value: b"application/json".to_vec(),
+                }],
+                timing: Some(v1::AgentTiming {
+                    started_unix_micros: started,
+                    finished_unix_micros: chrono::Utc::now().timestamp_micros(),
+                }),
+            }))
+            .await;
+        let _ = relay
+            .send(relay_up::Msg::Body(v1::BodyChunk {
+                id,
+                data: br#"{"kind":"Status","status":"Success"}"#.to_vec(),
+                end_stream: true,
+            }))
+            .await;
+    }
+}
+
+/// Relayed operations are journaled in the store: every sidecar's accounts
+/// API shows them, whichever relayed them, also after that one is gone.
+#[tokio::test]
+async fn relayed_operations_are_shown_by_every_sidecar_and_outlive_the_one_that_relayed_them()
+-> anyhow::Result<()> {
+    let (store, a, b) = two_sidecars(30).await?;
+    let mut to_a = a.client().await?;
+    let cache = CacheStream::open(&mut to_a, "prod").await?;
+    let relay = RelayStream::open(&mut to_a, "prod").await?;
+    wait_status(&a, "prod", |s| s.online && s.relay).await?;
+    let agent = tokio::spawn(answer_all(relay));
+
+    // Through B (forwarded to A, relayed there) and through A.
+    let http = http();
+    let path = "/accounts/prod/api/v1/namespaces/demo/pods/web-1";
+    let patched = request(
+        &http,
+        "PATCH",
+        &b.url(path),
+        &[
+            ("content-type", "application/merge-patch+json"),
+            ("kubectl-command", "kubectl label"),
+            ("authorization", "Bearer must-not-be-journaled"),
+        ],
+        r#"{"metadata":{"labels":{"secret":"must-not-be-journaled"}}}"#,
+    )
+    .await?;
+    assert_eq!(patched.status, 200);
+    let deleted = request(&http, "DELETE", &a.url(path), &[], "").await?;
+    assert_eq!(deleted.status, 200);
+
+    let ops = |running: &Running| {
+        let (http, url) = (http.clone(), running.url("/v1/accounts/prod/operations"));
+        async move { get(&http, &url).await }
+    };
+    // B waits for its own queued entries before it reads; A's are written
+    // by A's journal writer a moment after A answered.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let via_b = loop {
+        let via_b = ops(&b).await?;
+        assert_eq!(
+            via_b.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&via_b.body)
+        );
+        if via_b.json().as_array().map(Vec::len) == Some(2)
+            || tokio::time::Instant::now() > deadline
+        {
+            break via_b;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let list = via_b.json();
+    let summary: Vec<(&str, &str, &str, u64)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["instance"].as_str().unwrap(),
+                o["method"].as_str().unwrap(),
+                o["outcome"].as_str().unwrap(),
+                o["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("sidecar-a", "PATCH", "answered", 200),
+            ("sidecar-a", "DELETE", "answered", 200)
+        ],
+        "{list}"
+    );
+    assert_eq!(list[0]["kubectlCommand"], "kubectl label");
+    // The agent's times, placed by A before it journaled them, come with
+    // the rest: every hop, in order.
+    for op in list.as_array().unwrap() {
+        assert!(hop_times(op).is_sorted(), "hops out of order: {op}");
+    }
+    let text = String::from_utf8_lossy(&via_b.body);
+    assert!(!text.contains("must-not-be-journaled"), "{text}");
+
+    // A goes away for good: B still shows what A relayed.
+    drop((cache, to_a));
+    agent.abort();
+    a.stop().await?;
+    let after = ops(&b).await?;
+    assert_eq!(after.status, 200);
+    assert_eq!(after.json().as_array().map(Vec::len), Some(2));
+    // An account nobody ever served is still not found.
+    assert_eq!(
+        get(&http, &b.url("/v1/accounts/ghost/operations"))
+            .await?
+            .status,
+        404
+    );
+    drop(store);
+    b.stop().await
 }

@@ -5,6 +5,8 @@
 
 pub mod balancer;
 pub mod scale;
+pub mod store;
+pub mod workload;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -205,18 +207,21 @@ pub fn free_port() -> u16 {
 /// Starts `spinlink kube-sim` (demo workload) in `dir`; returns the process
 /// and the kubeconfig it wrote (`dir/sim.kubeconfig`).
 pub fn kube_sim(dir: &Path) -> (Proc, PathBuf) {
+    kube_sim_with(dir, &[])
+}
+
+/// [`kube_sim`] with more `kube-sim` arguments.
+pub fn kube_sim_with(dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
     let kubeconfig = dir.join("sim.kubeconfig");
-    let mut sim = Proc::start(
+    let mut args = vec![
         "kube-sim",
-        dir,
-        &[
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--kubeconfig-out",
-            kubeconfig.to_str().expect("a UTF-8 temp path"),
-        ],
-    );
+        "--listen",
+        "127.0.0.1:0",
+        "--kubeconfig-out",
+        kubeconfig.to_str().expect("a UTF-8 temp path"),
+    ];
+    args.extend_from_slice(extra);
+    let mut sim = Proc::start("kube-sim", dir, &args);
     sim.listening("kube-sim");
     (sim, kubeconfig)
 }

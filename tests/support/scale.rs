@@ -126,6 +126,18 @@ impl Sidecar {
     }
 }
 
+/// Sidecars `ids` on `store`, with `lease_seconds` leases.
+pub fn start_sidecars(
+    dir: &Path,
+    store: &super::store::SharedStore,
+    ids: &[&str],
+    lease_seconds: u64,
+) -> Vec<Sidecar> {
+    ids.iter()
+        .map(|id| Sidecar::start(dir, id, &store.url(id), lease_seconds))
+        .collect()
+}
+
 /// Who may serve what, for the gateways' policy: (agent name, accounts).
 pub type Policy = Vec<(String, Vec<String>)>;
 

@@ -5,7 +5,8 @@
 //!   `GET /v1/accounts/<name>` one of them; tests and `spinlink dev` poll it to
 //!   know when an account is ready;
 //! - `GET /v1/accounts/<name>/operations`: its recent relayed operations with
-//!   the time of each hop and the outcome;
+//!   the time of each hop and the outcome, from the store's journal (so any
+//!   sidecar sharing the store answers, whichever relayed them);
 //! - `GET /v1/agents`: every agent identity with its accounts and streams;
 //! - `POST /v1/agents/<identity>/disconnect` (identity percent-encoded): ends
 //!   every stream of that agent here; it reconnects.
@@ -56,7 +57,7 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
 }
 
 /// Answers a request whose path [`owns`] says is this API's.
-pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body> {
+pub async fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body> {
     let read = method == Method::GET || method == Method::HEAD;
     if let Some(rest) = path.strip_prefix(AGENTS) {
         let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
@@ -89,9 +90,12 @@ pub fn handle(accounts: &Accounts, method: &Method, path: &str) -> Response<Body
             Some(status) => json(&status),
             None => not_found(format!("account \"{name}\" not found")),
         },
-        [name, "operations"] => match accounts.get(name) {
-            Some(account) => json(&account.operations()),
-            None => not_found(format!("account \"{name}\" not found")),
+        [name, "operations"] => match accounts.operations(name).await {
+            Ok(Some(ops)) => json(&ops),
+            Ok(None) => not_found(format!("account \"{name}\" not found")),
+            Err(e) => status_response(&Status::unavailable(format!(
+                "the journal of relayed operations could not be read: {e}"
+            ))),
         },
         _ => not_found(format!(
             "the server could not find the requested resource ({path})"
@@ -116,18 +120,20 @@ mod tests {
         accounts
             .get_or_create("a")
             .cache_opened("spiffe://x/agent/a");
-        let list = body(handle(&accounts, &Method::GET, "/v1/accounts")).await;
+        let list = body(handle(&accounts, &Method::GET, "/v1/accounts").await).await;
         assert_eq!(list[0]["name"], "a");
         assert_eq!(list[0]["online"], true);
         assert_eq!(list[1]["name"], "b");
-        let one = handle(&accounts, &Method::GET, "/v1/accounts/a");
+        let one = handle(&accounts, &Method::GET, "/v1/accounts/a").await;
         assert_eq!(one.status(), 200);
         assert_eq!(body(one).await["agentIdentity"], "spiffe://x/agent/a");
-        let missing = handle(&accounts, &Method::GET, "/v1/accounts/zzz");
+        let missing = handle(&accounts, &Method::GET, "/v1/accounts/zzz").await;
         assert_eq!(missing.status(), 404);
         assert_eq!(body(missing).await["reason"], "NotFound");
         assert_eq!(
-            handle(&accounts, &Method::POST, "/v1/accounts").status(),
+            handle(&accounts, &Method::POST, "/v1/accounts")
+                .await
+                .status(),
             405
         );
     }
@@ -146,8 +152,8 @@ mod openapi_doc {
         serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
-    #[test]
-    fn every_documented_path_is_served_and_every_status_field_documented() {
+    #[tokio::test]
+    async fn every_documented_path_is_served_and_every_status_field_documented() {
         let doc = doc();
         let accounts = Accounts::new();
         accounts.get_or_create("a").cache_opened("id");
@@ -169,7 +175,7 @@ mod openapi_doc {
                     continue;
                 }
                 assert!(owns(&concrete), "{path} is documented but not routed here");
-                let status = handle(&accounts, &m, &concrete).status();
+                let status = handle(&accounts, &m, &concrete).await.status();
                 assert_eq!(status, StatusCode::OK, "{method} {path}");
             }
         }

@@ -1,14 +1,15 @@
 //! The account registry: every account this sidecar has seen, its cache, its
 //! relay stream, whether it is online, stale (its agent went away; reads are
-//! served from the last cache during the grace period) or removed, and the
-//! history of its relayed operations. The tunnel writes it, the facade and
-//! the accounts API ([`api`]) read it, [`lifecycle`] ends the grace period.
-//! Start with [`Accounts`].
+//! served from the last cache during the grace period) or removed. The
+//! tunnel writes it, the facade and the accounts API ([`api`]) read it,
+//! [`lifecycle`] ends the grace period; relayed operations go to the
+//! store's [`journal`]. Start with [`Accounts`].
 
 pub mod api;
+pub mod journal;
 pub mod lifecycle;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 // tokio's clock, so tests can run grace periods under `tokio::time::pause`.
@@ -20,8 +21,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
-use crate::config::DEFAULT_OPERATION_HISTORY;
 use crate::tunnel::relay::{AgentTimes, RelayHandle};
+use journal::Journal;
 
 /// A clonable handle on the registry of accounts.
 #[derive(Debug, Clone)]
@@ -31,13 +32,19 @@ pub struct Accounts {
     /// the Clouddriver registration watch it (level-triggered: a watch, not a
     /// queue, so a slow reader never holds the tunnel up).
     changes: watch::Sender<u64>,
-    history: usize,
+    /// Where relayed operations are recorded; none in unit tests.
+    journal: Option<Journal>,
     instance: Arc<str>,
 }
 
 impl Default for Accounts {
     fn default() -> Self {
-        Self::with_history(DEFAULT_OPERATION_HISTORY)
+        Self {
+            inner: Arc::default(),
+            changes: watch::Sender::new(0),
+            journal: None,
+            instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
+        }
     }
 }
 
@@ -156,12 +163,42 @@ pub enum Outcome {
     Refused,
 }
 
+impl Outcome {
+    /// The name the API and the journal use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Failed => "failed",
+            Self::Timeout => "timeout",
+            Self::Unavailable => "unavailable",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// The outcome named `s`; an unknown name (a newer sidecar's) reads as
+    /// failed.
+    pub fn parse(s: &str) -> Self {
+        [
+            Self::Answered,
+            Self::Timeout,
+            Self::Unavailable,
+            Self::Refused,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+        .unwrap_or(Self::Failed)
+    }
+}
+
 /// One relayed operation with the time of each hop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
-    /// Request id on the relay stream.
+    /// Request id on the relay stream (unique per sidecar process and
+    /// account, not across sidecars).
     pub id: u64,
+    /// The sidecar instance that relayed it (set by the [`journal`]).
+    pub instance: String,
     /// HTTP method.
     pub method: String,
     /// Kubernetes path.
@@ -247,13 +284,18 @@ pub struct Account {
     state: Mutex<State>,
     next_request_id: AtomicU64,
     changes: watch::Sender<u64>,
-    history: usize,
+    journal: Option<Journal>,
 }
 
 #[derive(Debug)]
 struct State {
     agent_identity: String,
     cache_streams: usize,
+    /// Cache streams opened here so far.
+    cache_generation: u64,
+    /// The CA fingerprint of the cluster whose streams filled the cache;
+    /// empty when unknown.
+    cluster: String,
     relay: Option<RelayHandle>,
     highest_seq: Option<u64>,
     /// Since when no cache stream is open (`None` while online).
@@ -265,7 +307,6 @@ struct State {
     /// Cancelled by a manual disconnect; every stream of the account ends.
     connection: CancellationToken,
     registration: Registration,
-    operations: VecDeque<Operation>,
     /// The namespaces its agent watches, as its last cache stream said.
     scope: NamespaceScope,
 }
@@ -286,13 +327,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Account {
-    fn new(name: &str, changes: watch::Sender<u64>, history: usize) -> Self {
+    fn new(name: &str, changes: watch::Sender<u64>, journal: Option<Journal>) -> Self {
         Self {
             name: name.to_owned(),
             cache: RwLock::default(),
             state: Mutex::new(State {
                 agent_identity: String::new(),
                 cache_streams: 0,
+                cache_generation: 0,
+                cluster: String::new(),
                 relay: None,
                 highest_seq: None,
                 offline_since: Some((Instant::now(), Utc::now())),
@@ -300,12 +343,11 @@ impl Account {
                 withdrawn: false,
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
-                operations: VecDeque::new(),
                 scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
             changes,
-            history: history.max(1),
+            journal,
         }
     }
 
@@ -333,6 +375,7 @@ impl Account {
         {
             let mut s = lock(&self.state);
             s.cache_streams += 1;
+            s.cache_generation += 1;
             identity.clone_into(&mut s.agent_identity);
             s.offline_since = None;
             s.removed = false;
@@ -365,6 +408,44 @@ impl Account {
         };
         self.changed();
         offline
+    }
+
+    /// How many cache streams have opened here: changes whenever one does.
+    pub fn cache_generation(&self) -> u64 {
+        lock(&self.state).cache_generation
+    }
+
+    /// Replaces every kind held (a cache older than the store's record)
+    /// with `loaded`, a fresher snapshot, and continues the message
+    /// numbering from `seq`, the snapshot's; returns the kinds loaded.
+    /// Watches served from the old kinds end (410), as their changes stop.
+    pub fn replace_kinds(&self, loaded: crate::cache::snapshot::Loaded, seq: u64) -> usize {
+        let mut s = lock(&self.state);
+        let mut cache = self.write_cache();
+        cache.clear_kinds();
+        let kinds = cache.load(loaded);
+        s.highest_seq = (seq > 0).then_some(seq);
+        kinds
+    }
+
+    /// Records that a stream of the cluster whose CA has `fingerprint`
+    /// (empty: unknown) opens. A cache held from another cluster under this
+    /// name — deleted and created again for another cluster while this
+    /// sidecar kept the old one — is no place to resume from: its kinds and
+    /// numbering are dropped (discovery stays; the agent sends its own).
+    /// Returns whether they were.
+    pub fn set_cluster(&self, fingerprint: &str) -> bool {
+        if fingerprint.is_empty() {
+            return false;
+        }
+        let mut s = lock(&self.state);
+        let other = !s.cluster.is_empty() && s.cluster != fingerprint;
+        if other {
+            self.write_cache().clear_kinds();
+            s.highest_seq = None;
+        }
+        fingerprint.clone_into(&mut s.cluster);
+        other
     }
 
     /// Where the account stands.
@@ -531,19 +612,12 @@ impl Account {
         r.updated = Some(Utc::now());
     }
 
-    /// Remembers a relayed operation (the oldest is forgotten past the
-    /// configured history).
-    pub fn record_operation(&self, op: Operation) {
-        let mut s = lock(&self.state);
-        while s.operations.len() >= self.history {
-            s.operations.pop_front();
+    /// Records a relayed operation in the journal (without one, as in unit
+    /// tests, it is not kept).
+    pub fn record_operation(&self, op: &Operation) {
+        if let Some(journal) = &self.journal {
+            journal.record(&self.name, op);
         }
-        s.operations.push_back(op);
-    }
-
-    /// The remembered operations, oldest first.
-    pub fn operations(&self) -> Vec<Operation> {
-        lock(&self.state).operations.iter().cloned().collect()
     }
 
     /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
@@ -631,20 +705,28 @@ pub struct AgentAccount {
 }
 
 impl Accounts {
-    /// An empty registry remembering [`DEFAULT_OPERATION_HISTORY`]
-    /// operations per account.
+    /// An empty registry that keeps no operations.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// An empty registry remembering `history` operations per account.
-    pub fn with_history(history: usize) -> Self {
-        Self {
-            inner: Arc::default(),
-            changes: watch::Sender::new(0),
-            history,
-            instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
-        }
+    /// Records the accounts' relayed operations in `journal`.
+    #[must_use]
+    pub fn with_journal(mut self, journal: Journal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The recent relayed operations of account `name`, oldest first, as
+    /// the store holds them (relayed by any sidecar); `None` when neither
+    /// this sidecar nor the store knows the account.
+    pub async fn operations(&self, name: &str) -> crate::store::Result<Option<Vec<Operation>>> {
+        let Some(journal) = &self.journal else {
+            return Ok(self.get(name).map(|_| Vec::new()));
+        };
+        let ops = journal.operations(name).await?;
+        let known = !ops.is_empty() || self.get(name).is_some() || journal.known(name).await?;
+        Ok(known.then_some(ops))
     }
 
     /// Names this sidecar instance as the owner of its accounts.
@@ -754,7 +836,13 @@ impl Accounts {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(Account::new(name, self.changes.clone(), self.history)))
+            .or_insert_with(|| {
+                Arc::new(Account::new(
+                    name,
+                    self.changes.clone(),
+                    self.journal.clone(),
+                ))
+            })
             .clone();
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
         account
@@ -780,6 +868,7 @@ mod tests {
     fn operation(id: u64, received: DateTime<Utc>) -> Operation {
         Operation {
             id,
+            instance: String::new(),
             method: "GET".into(),
             path: "/api".into(),
             query: String::new(),
@@ -841,7 +930,7 @@ mod tests {
 
     #[test]
     fn seq_tracking_acks_highest_contiguous() {
-        let a = Account::new("a", watch::Sender::new(0), 4);
+        let a = Account::new("a", watch::Sender::new(0), None);
         assert_eq!(a.record_seq(5), (5, false));
         assert_eq!(a.record_seq(6), (6, false));
         assert_eq!(a.record_seq(4), (6, false));
@@ -883,16 +972,41 @@ mod tests {
         assert_eq!(a.presence(), Presence::Online);
     }
 
-    #[tokio::test]
-    async fn operations_are_a_bounded_ring_and_disconnect_ends_streams() {
-        let accounts = Accounts::with_history(2);
-        let a = accounts.get_or_create("a");
-        for id in 1..=3 {
-            a.record_operation(operation(id, Utc::now()));
-        }
-        let ids: Vec<u64> = a.operations().iter().map(|o| o.id).collect();
-        assert_eq!(ids, [2, 3]);
+    #[test]
+    fn a_cache_of_another_cluster_under_the_same_name_is_dropped() {
+        let a = Account::new("a", watch::Sender::new(0), None);
+        let pods = spinlink_proto::v1::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        };
+        let fill = |a: &Account| {
+            a.record_seq(7);
+            let mut c = a.write_cache();
+            c.sync_start(&pods);
+            c.sync_end(&pods, "10");
+        };
+        // Unknown, then known: nothing to compare with.
+        assert!(!a.set_cluster(""));
+        fill(&a);
+        assert!(!a.set_cluster("aa11"));
+        assert!(!a.set_cluster("aa11"), "the same cluster again");
+        assert!(!a.set_cluster(""), "an agent that does not say");
+        assert_eq!(a.read_cache().counts().0, 1);
+        // Another cluster: the kinds and the numbering go.
+        assert!(a.set_cluster("bb22"));
+        assert_eq!(a.read_cache().counts(), (0, 0, 0));
+        assert_eq!(a.highest_seq(), None);
+        fill(&a);
+        assert!(!a.set_cluster("bb22"));
+    }
 
+    #[tokio::test]
+    async fn disconnect_ends_streams() {
+        let accounts = Accounts::new();
+        let a = accounts.get_or_create("a");
         let parent = CancellationToken::new();
         let stream = a.stream_token(&parent);
         a.cache_opened("spiffe://x/agent/1");

@@ -113,6 +113,11 @@ impl History {
         }
     }
 
+    /// The most changes it keeps.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// The number the next change gets.
     pub fn next_seq(&self) -> u64 {
         self.next_seq

@@ -704,6 +704,13 @@ impl Cache {
         self.kinds.values()
     }
 
+    /// Forgets every kind and the history of their changes (the history's
+    /// watchers end: its notifier goes with it). Discovery stays.
+    pub fn clear_kinds(&mut self) {
+        self.kinds.clear();
+        self.history = History::with_limit(self.history.limit());
+    }
+
     /// Kinds synced, kinds known, objects held.
     pub fn counts(&self) -> (usize, usize, usize) {
         let synced = self.kinds.values().filter(|k| k.synced).count();
@@ -713,7 +720,7 @@ impl Cache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -727,7 +734,13 @@ mod tests {
         }
     }
 
-    fn event(ty: EventType, ns: &str, name: &str, rv: &str, extra: Value) -> v1::WatchEvent {
+    pub(crate) fn event(
+        ty: EventType,
+        ns: &str,
+        name: &str,
+        rv: &str,
+        extra: Value,
+    ) -> v1::WatchEvent {
         let object = json!({"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}, "spec": extra});
         v1::WatchEvent {
             r#type: ty as i32,

@@ -142,7 +142,7 @@ impl Facade {
             return crate::dynamic::api::handle(dynamic, req).await;
         }
         if accounts::api::owns(&path) {
-            return accounts::api::handle(&self.accounts, req.method(), &path);
+            return accounts::api::handle(&self.accounts, req.method(), &path).await;
         }
         let Some((name, k8s_path)) = route::split_account(&path) else {
             return body::status(&Status::not_found_message(format!(

@@ -7,7 +7,8 @@
 //! A successful write to a cached kind is answered only after its response
 //! object is folded into the cache ([`crate::cache::Cache::fold_write`]), so
 //! the writer's next read sees it (read-your-writes). Every relayed request is
-//! remembered in the account's operation history with the time of each hop.
+//! recorded in the store's journal ([`crate::accounts::journal`]) with the
+//! time of each hop.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -150,14 +151,15 @@ fn record(
     op.status = status;
     op.outcome = outcome;
     op.message = message;
-    account.record_operation(op);
+    account.record_operation(&op);
 }
 
 /// Records a request the facade refused without relaying it.
 pub fn record_refusal<B>(account: &Account, req: &Request<B>, k8s_path: &str, status: &Status) {
     let now = chrono::Utc::now();
-    account.record_operation(Operation {
+    account.record_operation(&Operation {
         id: account.next_request_id(),
+        instance: String::new(),
         method: req.method().as_str().to_owned(),
         path: k8s_path.to_owned(),
         query: req.uri().query().unwrap_or_default().to_owned(),
@@ -193,6 +195,7 @@ where
     let id = account.next_request_id();
     let op = Operation {
         id,
+        instance: String::new(),
         method: parts.method.as_str().to_owned(),
         path: k8s_path.clone(),
         query: raw_query.clone(),

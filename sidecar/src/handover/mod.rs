@@ -17,16 +17,26 @@
 //!   asked for again until then. Anything that fails leaves the cache as it
 //!   was, so `ResumeFrom` is empty and the agent lists, as without a
 //!   handover.
+//! - A sidecar that still holds a cache of the account (it was stale here,
+//!   in its grace period) resumes from it when no other instance held the
+//!   account since; when one did, it compares the cache with the store's
+//!   record of the account's resourceVersions
+//!   ([`crate::ownership::versions`]): at the record or past it, the agent
+//!   resumes from it; older (the other owner moved on) the other's snapshot
+//!   replaces it if there is one, else the agent resumes from the older
+//!   cache.
 //! - The listener outlives the facade's during a drain: after the leases
 //!   are released the sidecar keeps serving until every account that was
 //!   online was fetched, or `ownership.handoverDrainSeconds`
 //!   ([`Handover::wait_fetched`]).
 //!
-//! Outcomes are counted in `spinlink_sidecar_handovers_total{outcome,reason}`.
+//! Outcomes are counted in `spinlink_sidecar_handovers_total{outcome,reason}`:
+//! `warm` (reason empty, or `fresher` when a snapshot replaced an older
+//! cache), `resumed` (`current` or `behind`), `cold` with the reason.
 //! Like forwarding between facades, the endpoint trusts the network it is
 //! reachable on: bind it where only peers reach it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -44,9 +54,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Account, Accounts, Presence};
+use crate::cache::KindKey;
 use crate::cache::snapshot::{self, Loaded, Reader};
 use crate::facade::body::{self, Body, BoxError};
 use crate::metrics::Metrics;
+use crate::ownership::versions;
+use crate::store::{KindVersion, Store};
 
 /// Default `ownership.handoverTimeoutMillis`: below the agents' default
 /// wait for `ResumeFrom` (5 s), so a slow fetch still ends in a list, not
@@ -117,8 +130,62 @@ pub enum Outcome {
         /// Objects loaded.
         objects: usize,
     },
+    /// The cache held here was older than the store's record of the
+    /// account, and the previous owner's snapshot replaced it.
+    Fresher {
+        /// Kinds loaded.
+        kinds: usize,
+        /// Objects loaded.
+        objects: usize,
+    },
+    /// The cache held here (from an earlier stream, the grace period) is
+    /// what the agent resumes from: `current` when no other instance held
+    /// the account since, or the store's record of the one that did is no
+    /// further; else it is behind and no fresher snapshot was to be had
+    /// (the agent's watches replay what it missed, or a kind too old for
+    /// the API server is listed).
+    Resumed {
+        /// The held cache matched the store's record.
+        current: bool,
+    },
     /// Nothing was loaded.
     Cold(Cold),
+}
+
+impl Outcome {
+    /// The metric's `outcome` and `reason` labels.
+    pub fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Warm { .. } => ("warm", ""),
+            Self::Fresher { .. } => ("warm", "fresher"),
+            Self::Resumed { current: true } => ("resumed", "current"),
+            Self::Resumed { current: false } => ("resumed", "behind"),
+            Self::Cold(cold) => ("cold", cold.reason()),
+        }
+    }
+}
+
+/// Whether every resumable kind of a held cache is where the store's
+/// record says, or further; a kind missing from the record is not.
+fn current(held: &BTreeMap<KindKey, String>, recorded: &[KindVersion]) -> bool {
+    let record: HashMap<KindKey, &str> = recorded
+        .iter()
+        .map(|k| {
+            (
+                KindKey {
+                    group: k.group.clone(),
+                    version: k.version.clone(),
+                    resource: k.resource.clone(),
+                },
+                k.resource_version.as_str(),
+            )
+        })
+        .collect();
+    held.iter().all(|(key, rv)| {
+        record
+            .get(key)
+            .is_some_and(|r| *r == rv || crate::cache::is_newer(rv, r))
+    })
 }
 
 /// Handover settings (`ownership.handover*`).
@@ -167,21 +234,93 @@ impl Handover {
         })
     }
 
-    /// Loads `account`'s cache from `from`, the sidecar whose lease this one
-    /// just replaced, if this sidecar holds nothing synced for it; counts
-    /// the outcome. `None` when there was nothing to hand over (a new
-    /// account, or one this sidecar still holds).
-    pub async fn take_over(&self, account: &Account, from: &Peer) -> Option<Outcome> {
-        // Held here already (it came back within its grace period), or
-        // numbered by a stream here: resuming from what is held is right.
-        if account.read_cache().counts().0 > 0 || account.highest_seq().is_some() {
-            return None;
-        }
+    /// Decides what the first cache stream of `account` here starts from,
+    /// having just claimed its lease; `from` is the other instance that
+    /// held it last, if one did. Counts and returns the outcome; `None`
+    /// when there is nothing to decide (a new account, or one a stream here
+    /// numbered already).
+    ///
+    /// - Nothing cached here: load `from`'s snapshot (warm) or nothing
+    ///   (cold: the agent lists).
+    /// - A cache held here from an earlier stream (the grace period), and
+    ///   no other instance held the account since: resumed from, the
+    ///   latest any owner had (the store's record may lag it).
+    /// - Held here, but `from` held it since: compared with the store's
+    ///   record of the account ([`crate::ownership::versions`]). Where the
+    ///   record is, or further, it is resumed from; older (or not in the
+    ///   record: `from` moved on, or recorded nothing) it is replaced by
+    ///   `from`'s snapshot when that loads, else resumed from — the agent's
+    ///   watches replay what it missed, or list a kind whose
+    ///   resourceVersion the API server no longer has.
+    pub async fn take_over(
+        &self,
+        account: &Account,
+        from: Option<&Peer>,
+        store: &Store,
+    ) -> Option<Outcome> {
         let started = tokio::time::Instant::now();
-        let deadline = started + self.settings.timeout;
-        let fetched = loop {
+        let held = versions::held(account);
+        let outcome = if held.is_empty() {
+            if account.highest_seq().is_some() {
+                return None;
+            }
+            match self.fetch_within(account, from?).await {
+                Ok(loaded) => load(account, loaded, false),
+                Err(cold) => Outcome::Cold(cold),
+            }
+        } else if let Some(from) = from {
+            let current = match store.resource_versions(account.name()).await {
+                Ok(recorded) => current(&held, &recorded),
+                Err(e) => {
+                    tracing::warn!(account = account.name(), error = %e,
+                        "reading the recorded resourceVersions failed; taking the cache held here as behind");
+                    false
+                }
+            };
+            if current {
+                Outcome::Resumed { current: true }
+            } else {
+                match self.fetch_within(account, from).await {
+                    Ok(loaded) if loaded.kinds() > 0 => load(account, loaded, true),
+                    Ok(_) => Outcome::Resumed { current: false },
+                    Err(cold) => {
+                        tracing::info!(account = account.name(), from = %from.instance, reason = cold.reason(),
+                            "no fresher snapshot; resuming from the older cache held here");
+                        Outcome::Resumed { current: false }
+                    }
+                }
+            }
+        } else {
+            Outcome::Resumed { current: true }
+        };
+        let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let from = from.map_or("", |f| f.instance.as_str());
+        match &outcome {
+            Outcome::Warm { kinds, objects } | Outcome::Fresher { kinds, objects } => {
+                tracing::info!(account = account.name(), %from, kinds, objects, millis,
+                    "warm handover: cache loaded from the previous owner");
+            }
+            Outcome::Resumed { current } => {
+                tracing::info!(account = account.name(), %from, current, millis,
+                    "resuming from the cache held here");
+            }
+            Outcome::Cold(cold) => {
+                tracing::info!(account = account.name(), %from, reason = cold.reason(), millis,
+                    "cold handover: the agent lists again");
+            }
+        }
+        let (outcome_label, reason) = outcome.labels();
+        self.metrics.handover(outcome_label, reason);
+        Some(outcome)
+    }
+
+    /// Fetches `from`'s snapshot of `account` within the timeout, asking
+    /// again while it answers that the account is still online there.
+    async fn fetch_within(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        loop {
             match tokio::time::timeout_at(deadline, self.fetch(account, from)).await {
-                Err(_) => break Err(Cold::Timeout),
+                Err(_) => return Err(Cold::Timeout),
                 // The old owner has not seen its streams end yet (the
                 // agent was quicker): ask again while there is time.
                 Ok(Err(Cold::Refused(StatusCode::CONFLICT)))
@@ -189,37 +328,9 @@ impl Handover {
                 {
                     tokio::time::sleep(CONFLICT_RETRY).await;
                 }
-                Ok(result) => break result,
-            }
-        };
-        let outcome = match fetched {
-            Err(cold) => Outcome::Cold(cold),
-            Ok(loaded) => {
-                let seq = loaded.seq;
-                let objects = loaded.objects();
-                let kinds = account.write_cache().load(loaded);
-                if kinds == 0 {
-                    Outcome::Cold(Cold::Empty)
-                } else {
-                    account.continue_seq(seq);
-                    Outcome::Warm { kinds, objects }
-                }
-            }
-        };
-        let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        match &outcome {
-            Outcome::Warm { kinds, objects } => {
-                tracing::info!(account = account.name(), from = %from.instance, kinds, objects, millis,
-                    "warm handover: cache loaded from the previous owner");
-                self.metrics.handover("warm", "");
-            }
-            Outcome::Cold(cold) => {
-                tracing::info!(account = account.name(), from = %from.instance, reason = cold.reason(), millis,
-                    "cold handover: the agent lists again");
-                self.metrics.handover("cold", cold.reason());
+                Ok(result) => return result,
             }
         }
-        Some(outcome)
     }
 
     async fn fetch(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
@@ -359,6 +470,28 @@ impl Handover {
             }
         };
         tokio::time::timeout(within, all).await.is_ok()
+    }
+}
+
+/// Loads a fetched snapshot into `account`: into its empty cache, or in
+/// place of an older one (`replace`); the numbering continues from the
+/// snapshot's, so the agent's replay of what it holds is skipped.
+fn load(account: &Account, loaded: Loaded, replace: bool) -> Outcome {
+    let seq = loaded.seq;
+    let objects = loaded.objects();
+    let kinds = if replace {
+        account.replace_kinds(loaded, seq)
+    } else {
+        let kinds = account.write_cache().load(loaded);
+        if kinds > 0 {
+            account.continue_seq(seq);
+        }
+        kinds
+    };
+    match (kinds, replace) {
+        (0, _) => Outcome::Cold(Cold::Empty),
+        (kinds, false) => Outcome::Warm { kinds, objects },
+        (kinds, true) => Outcome::Fresher { kinds, objects },
     }
 }
 

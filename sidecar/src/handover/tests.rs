@@ -56,6 +56,7 @@ fn names(account: &Account) -> Vec<String> {
 #[tokio::test]
 async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
     let (old, served, url, stop) = old_owner().await;
+    let store = Store::open("sqlite::memory:").await.unwrap();
     let metrics = Metrics::default();
     let new = Accounts::new();
     let settings = Settings {
@@ -72,7 +73,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
     // Still online at the old owner for longer than the timeout: its cache
     // is still moving, nothing is loaded.
     assert_eq!(
-        handover.take_over(&prod, &from).await,
+        handover.take_over(&prod, Some(&from), &store).await,
         Some(Outcome::Cold(Cold::Refused(StatusCode::CONFLICT)))
     );
     assert!(names(&prod).is_empty());
@@ -85,7 +86,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
         old.get("prod").unwrap().cache_closed();
     });
     assert_eq!(
-        handover.take_over(&prod, &from).await,
+        handover.take_over(&prod, Some(&from), &store).await,
         Some(Outcome::Warm {
             kinds: 1,
             objects: 2
@@ -106,8 +107,13 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
             .wait_fetched(&["prod".to_owned()], Duration::from_secs(5))
             .await
     );
-    // Held now: nothing more to take over.
-    assert_eq!(handover.take_over(&prod, &from).await, None);
+    // Numbered by a stream here, nothing synced: nothing to decide.
+    let numbered = new.get_or_create("numbered");
+    numbered.record_seq(5);
+    assert_eq!(
+        handover.take_over(&numbered, Some(&from), &store).await,
+        None
+    );
 
     let text = metrics.render(&new);
     for line in [
@@ -122,6 +128,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
 #[tokio::test]
 async fn anything_that_fails_leaves_the_cache_empty_for_a_full_list() {
     let (_old, _served, url, stop) = old_owner().await;
+    let store = Store::open("sqlite::memory:").await.unwrap();
     let new = Accounts::new();
     let handover = Handover::new(new.clone(), Settings::default(), Metrics::default());
     let cases = [
@@ -139,7 +146,7 @@ async fn anything_that_fails_leaves_the_cache_empty_for_a_full_list() {
             url,
         };
         assert_eq!(
-            handover.take_over(&account, &from).await,
+            handover.take_over(&account, Some(&from), &store).await,
             Some(Outcome::Cold(want))
         );
         assert!(names(&account).is_empty());
@@ -153,6 +160,7 @@ async fn a_peer_that_does_not_answer_in_time_is_cold() {
     // Accepts connections, never answers.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let store = Store::open("sqlite::memory:").await.unwrap();
     let new = Accounts::new();
     let settings = Settings {
         timeout: Duration::from_millis(200),
@@ -164,7 +172,9 @@ async fn a_peer_that_does_not_answer_in_time_is_cold() {
         url: Some(url),
     };
     assert_eq!(
-        handover.take_over(&new.get_or_create("prod"), &from).await,
+        handover
+            .take_over(&new.get_or_create("prod"), Some(&from), &store)
+            .await,
         Some(Outcome::Cold(Cold::Timeout))
     );
     drop(listener);
@@ -199,4 +209,134 @@ fn only_snapshot_paths_of_known_accounts_are_answered() {
         status(Method::GET, "/internal/accounts/prod/snapshot"),
         StatusCode::CONFLICT
     );
+}
+
+/// A sidecar that held `prod` before (pods p1 at resourceVersion 5,
+/// messages up to 30): its cache is stale here, in the grace period.
+fn held_before(accounts: &Accounts) -> Arc<Account> {
+    let prod = accounts.get_or_create("prod");
+    prod.cache_opened("agent");
+    prod.record_seq(30);
+    {
+        let mut c = prod.write_cache();
+        c.sync_start(&pods());
+        c.apply(&pod("p1", "5")).unwrap();
+        c.sync_end(&pods(), "5");
+    }
+    prod.cache_closed();
+    prod
+}
+
+/// Records pods at `rv` for `prod` in `store`, as its owner `by` would.
+async fn record(store: &Store, by: &str, rv: &str) {
+    store
+        .acquire_lease("prod", by, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let pods = crate::store::KindVersion {
+        group: String::new(),
+        version: "v1".into(),
+        resource: "pods".into(),
+        resource_version: rv.into(),
+    };
+    assert!(
+        store
+            .record_resource_versions("prod", by, &[pods], &[])
+            .await
+            .unwrap()
+    );
+    let lease = store.lease("prod").await.unwrap().unwrap();
+    store.release_lease("prod", by, lease.epoch).await.unwrap();
+}
+
+fn rv(account: &Account) -> String {
+    account
+        .read_cache()
+        .kind("", "v1", "pods")
+        .map(|k| k.resource_version.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_cache_held_here_is_resumed_when_current_and_replaced_when_the_store_shows_it_behind() {
+    let (old, _served, url, stop) = old_owner().await;
+    old.get("prod").unwrap().cache_closed();
+    let store = Store::open("sqlite::memory:").await.unwrap();
+    let metrics = Metrics::default();
+    let settings = Settings {
+        timeout: Duration::from_millis(500),
+        ..Settings::default()
+    };
+    let from = Peer {
+        instance: "s1".into(),
+        url: Some(url),
+    };
+    let gone = Peer {
+        instance: "s1".into(),
+        url: Some("http://127.0.0.1:1".into()),
+    };
+
+    // Nobody else held it since: resumed from, though the store has no
+    // record yet (the last one written may lag the cache).
+    let here = Accounts::new();
+    let handover = Handover::new(here.clone(), settings.clone(), metrics.clone());
+    let prod = held_before(&here);
+    assert_eq!(
+        handover.take_over(&prod, None, &store).await,
+        Some(Outcome::Resumed { current: true })
+    );
+
+    // Where the store says the account stood: resumed, even though another
+    // instance held the lease since (it recorded nothing newer).
+    record(&store, "s2", "5").await;
+    assert_eq!(
+        handover.take_over(&prod, Some(&from), &store).await,
+        Some(Outcome::Resumed { current: true })
+    );
+    assert_eq!(
+        (names(&prod), rv(&prod)),
+        (vec!["p1".to_owned()], "5".into())
+    );
+
+    // The previous owner moved on (the store has pods at 7): its snapshot
+    // replaces the older cache, and the numbering follows it.
+    record(&store, "s1", "7").await;
+    assert_eq!(
+        handover.take_over(&prod, Some(&from), &store).await,
+        Some(Outcome::Fresher {
+            kinds: 1,
+            objects: 2
+        })
+    );
+    assert_eq!(names(&prod), ["p1", "p2"]);
+    assert_eq!(rv(&prod), "7");
+    assert_eq!(prod.highest_seq(), Some(42));
+
+    // Behind, and no snapshot to be had (the previous owner died, or it
+    // recorded nothing): the older cache is resumed from.
+    let unrecorded = Store::open("sqlite::memory:").await.unwrap();
+    for store in [&store, &unrecorded] {
+        let elsewhere = Accounts::new();
+        let handover = Handover::new(elsewhere.clone(), settings.clone(), metrics.clone());
+        let prod = held_before(&elsewhere);
+        assert_eq!(
+            handover.take_over(&prod, Some(&gone), store).await,
+            Some(Outcome::Resumed { current: false })
+        );
+        assert_eq!(
+            (names(&prod), rv(&prod)),
+            (vec!["p1".to_owned()], "5".into())
+        );
+        assert_eq!(prod.highest_seq(), Some(30));
+    }
+
+    let text = metrics.render(&here);
+    for line in [
+        "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"current\"} 2",
+        "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"fresher\"} 1",
+        "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"behind\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    stop.cancel();
 }

@@ -12,7 +12,7 @@
 //! answered with a retryable 503, never forwarded again. Start with
 //! [`Ownership`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +31,8 @@ use crate::accounts::{Accounts, Presence};
 use crate::facade::body::{self, Body, BoxError};
 use crate::handover::Peer;
 use crate::store::{Acquired, Store};
+
+pub mod versions;
 
 /// Marks a request one sidecar forwarded to another; its value names the
 /// forwarding instance.
@@ -286,11 +288,14 @@ impl Ownership {
     }
 
     /// Keeps the leases of this instance's accounts until `shutdown`, then
-    /// releases them so another instance can take over at once.
-    /// `registered` says whether [`Ownership::register`] already succeeded.
+    /// releases them so another instance can take over at once. With each
+    /// renewal `recorder` records the accounts' resourceVersions, and once
+    /// more before a lease is released ([`versions`]). `registered` says
+    /// whether [`Ownership::register`] already succeeded.
     pub async fn run(
         self: Arc<Self>,
         accounts: Accounts,
+        mut recorder: versions::Recorder,
         mut registered: bool,
         shutdown: CancellationToken,
     ) {
@@ -298,8 +303,9 @@ impl Ownership {
         // Wakes the loop when an account's streams open or close, so a
         // stale account's lease is released at once, not at the next renewal.
         let mut changes = accounts.subscribe();
-        // Stale accounts already released (until they are online again).
-        let mut released: HashSet<String> = HashSet::new();
+        // Stale accounts already released (until they are online again),
+        // and whether their last position made it to the store.
+        let mut released: HashMap<String, bool> = HashMap::new();
         let mut renew_at = Instant::now();
         loop {
             if !registered {
@@ -314,6 +320,7 @@ impl Ownership {
                         if let Err(e) = self.store.clear_fingerprint(account.name()).await {
                             tracing::warn!(account = account.name(), error = %e, "clearing the cluster fingerprint failed");
                         }
+                        recorder.forget(&account).await;
                     }
                     Presence::Removed => {}
                     // The agent's streams here ended: wherever it reconnects
@@ -321,18 +328,33 @@ impl Ownership {
                     // see `crate::handover`). Until someone does, this
                     // instance serves its cached reads; a reconnect here
                     // claims it again.
-                    Presence::Stale => {
-                        if released.insert(account.name().to_owned()) {
+                    Presence::Stale => match released.get(account.name()) {
+                        None => {
+                            // Where its cache stands goes to the store
+                            // before anyone else may take the account.
+                            let recorded = recorder.record(&account).await;
                             self.release(account.name()).await;
+                            released.insert(account.name().to_owned(), recorded);
                         }
-                    }
+                        // The store was out of reach: again with each
+                        // renewal (the lease fences it once another
+                        // instance has taken the account).
+                        Some(false) if renew => {
+                            if recorder.record(&account).await {
+                                released.insert(account.name().to_owned(), true);
+                            }
+                        }
+                        Some(_) => {}
+                    },
                     Presence::Online => {
                         released.remove(account.name());
                         if !renew {
                             continue;
                         }
                         match self.claim(account.name()).await {
-                            Ok(()) => {}
+                            Ok(()) => {
+                                recorder.record(&account).await;
+                            }
                             Err(ClaimError::HeldBy { owner, .. }) => {
                                 // Another instance took it (our lease lapsed): let
                                 // the agent reconnect to wherever it belongs.
@@ -367,6 +389,9 @@ impl Ownership {
             }
         }
         for account in accounts.all() {
+            if account.presence() != Presence::Removed {
+                recorder.record(&account).await;
+            }
             self.release(account.name()).await;
         }
     }

@@ -118,12 +118,25 @@ pub struct JournalEntry {
     pub method: String,
     /// Kubernetes path.
     pub path: String,
+    /// The raw query string.
+    pub query: String,
+    /// The `Kubectl-Command` header; empty when none.
+    pub kubectl_command: String,
     /// HTTP status answered.
     pub status: i64,
     /// How it ended (`answered`, `failed`, …).
     pub outcome: String,
+    /// Why it failed; empty when it did not.
+    pub message: String,
     /// Unix milliseconds when received.
     pub received_at: i64,
+    /// Unix milliseconds when its head went down the relay stream; 0: never.
+    pub sent_at: i64,
+    /// Unix milliseconds when the agent began on it, placed on the relaying
+    /// sidecar's clock; `None` when the agent reported no times.
+    pub agent_started_at: Option<i64>,
+    /// Unix milliseconds when the agent had its answer, placed likewise.
+    pub agent_finished_at: Option<i64>,
     /// Unix milliseconds when answered.
     pub answered_at: i64,
 }
@@ -492,25 +505,50 @@ impl Store {
         Ok(n > 0)
     }
 
-    /// Appends one relayed operation to the journal.
-    pub async fn journal(&self, e: &JournalEntry) -> Result<()> {
+    /// Appends relayed operations to the journal, in order, in one
+    /// transaction.
+    pub async fn journal(&self, entries: &[JournalEntry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let sql = "INSERT INTO operations
-             (account, instance, request_id, method, path, status, outcome, received_at, answered_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+             (account, instance, request_id, method, path, query, kubectl_command, status,
+              outcome, message, received_at, sent_at, agent_started_at, agent_finished_at,
+              answered_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
         with_pool!(self, pool => {
-            sqlx::query(sql)
-                .bind(&e.account).bind(&e.instance).bind(e.request_id).bind(&e.method)
-                .bind(&e.path).bind(e.status).bind(&e.outcome).bind(e.received_at)
-                .bind(e.answered_at)
-                .execute(pool).await?;
+            let mut tx = pool.begin().await?;
+            for e in entries {
+                sqlx::query(sql)
+                    .bind(&e.account).bind(&e.instance).bind(e.request_id).bind(&e.method)
+                    .bind(&e.path).bind(&e.query).bind(&e.kubectl_command).bind(e.status)
+                    .bind(&e.outcome).bind(&e.message).bind(e.received_at).bind(e.sent_at)
+                    .bind(e.agent_started_at).bind(e.agent_finished_at).bind(e.answered_at)
+                    .execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
         });
         Ok(())
     }
 
+    /// Keeps only the newest `keep` journaled operations of `account`;
+    /// returns how many were deleted.
+    pub async fn prune_journal(&self, account: &str, keep: i64) -> Result<u64> {
+        // No row at that offset (fewer than `keep + 1`): `id <= NULL`
+        // deletes nothing.
+        let sql = "DELETE FROM operations WHERE account = $1 AND id <= (
+               SELECT id FROM operations WHERE account = $1
+               ORDER BY id DESC LIMIT 1 OFFSET $2)";
+        Ok(with_pool!(self, pool => {
+            sqlx::query(sql).bind(account).bind(keep).execute(pool).await?.rows_affected()
+        }))
+    }
+
     /// The newest `limit` journaled operations of `account`, oldest first.
     pub async fn journaled(&self, account: &str, limit: i64) -> Result<Vec<JournalEntry>> {
-        let sql = "SELECT account, instance, request_id, method, path, status, outcome,
-                    received_at, answered_at
+        let sql = "SELECT account, instance, request_id, method, path, query, kubectl_command,
+                    status, outcome, message, received_at, sent_at, agent_started_at,
+                    agent_finished_at, answered_at
              FROM operations WHERE account = $1 ORDER BY id DESC LIMIT $2";
         let mut out: Vec<JournalEntry> = with_pool!(self, pool => {
             sqlx::query(sql).bind(account).bind(limit).fetch_all(pool).await?
@@ -522,9 +560,15 @@ impl Store {
                         request_id: r.try_get("request_id")?,
                         method: r.try_get("method")?,
                         path: r.try_get("path")?,
+                        query: r.try_get("query")?,
+                        kubectl_command: r.try_get("kubectl_command")?,
                         status: r.try_get("status")?,
                         outcome: r.try_get("outcome")?,
+                        message: r.try_get("message")?,
                         received_at: r.try_get("received_at")?,
+                        sent_at: r.try_get("sent_at")?,
+                        agent_started_at: r.try_get("agent_started_at")?,
+                        agent_finished_at: r.try_get("agent_finished_at")?,
                         answered_at: r.try_get("answered_at")?,
                     })
                 })
@@ -534,21 +578,51 @@ impl Store {
         Ok(out)
     }
 
-    /// Records the resourceVersion held for one kind of `account`.
-    pub async fn set_resource_version(&self, account: &str, kind: &KindVersion) -> Result<()> {
-        let sql = "INSERT INTO resource_versions
+    /// Records, for `owner`, the resourceVersions held for kinds of
+    /// `account` (`set`) and forgets kinds it no longer holds (`gone`), in
+    /// one transaction — only while the account's lease names `owner`
+    /// (expired or released, but not yet taken by another instance), so an
+    /// instance the account has moved away from cannot overwrite what the
+    /// new owner records. Returns whether it was written.
+    pub async fn record_resource_versions(
+        &self,
+        account: &str,
+        owner: &str,
+        set: &[KindVersion],
+        gone: &[KindVersion],
+    ) -> Result<bool> {
+        let fence = "SELECT owner FROM leases WHERE account = $1 AND owner = $2";
+        let upsert = "INSERT INTO resource_versions
                (account, api_group, version, resource, resource_version, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT(account, api_group, version, resource) DO UPDATE SET
                resource_version = excluded.resource_version,
                updated_at = excluded.updated_at";
+        let delete = "DELETE FROM resource_versions
+             WHERE account = $1 AND api_group = $2 AND version = $3 AND resource = $4";
+        let now = now_millis();
         with_pool!(self, pool => {
-            sqlx::query(sql)
-                .bind(account).bind(&kind.group).bind(&kind.version).bind(&kind.resource)
-                .bind(&kind.resource_version).bind(now_millis())
-                .execute(pool).await?;
+            let mut tx = pool.begin().await?;
+            if sqlx::query(fence).bind(account).bind(owner)
+                .fetch_optional(&mut *tx).await?.is_none()
+            {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            for k in set {
+                sqlx::query(upsert)
+                    .bind(account).bind(&k.group).bind(&k.version).bind(&k.resource)
+                    .bind(&k.resource_version).bind(now)
+                    .execute(&mut *tx).await?;
+            }
+            for k in gone {
+                sqlx::query(delete)
+                    .bind(account).bind(&k.group).bind(&k.version).bind(&k.resource)
+                    .execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
         });
-        Ok(())
+        Ok(true)
     }
 
     /// Every kind's recorded resourceVersion for `account`, sorted.
@@ -570,11 +644,14 @@ impl Store {
         })
     }
 
-    /// Forgets the resourceVersions of `account` (its cache was dropped).
-    pub async fn clear_resource_versions(&self, account: &str) -> Result<()> {
-        let sql = "DELETE FROM resource_versions WHERE account = $1";
+    /// Forgets the resourceVersions of `account` (its cache was dropped),
+    /// but only while its lease names `owner` (see
+    /// [`Store::record_resource_versions`]).
+    pub async fn clear_resource_versions(&self, account: &str, owner: &str) -> Result<()> {
+        let sql = "DELETE FROM resource_versions WHERE account = $1
+               AND EXISTS (SELECT 1 FROM leases WHERE account = $1 AND owner = $2)";
         with_pool!(self, pool => {
-            sqlx::query(sql).bind(account).execute(pool).await?;
+            sqlx::query(sql).bind(account).bind(owner).execute(pool).await?;
         });
         Ok(())
     }
@@ -760,6 +837,8 @@ fn lease_of(
         expires_at: expires_at?,
     })
 }
+
+pub mod scratch;
 
 #[cfg(test)]
 mod tests;

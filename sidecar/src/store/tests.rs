@@ -9,7 +9,7 @@ use super::*;
 /// The engines to test, with what to drop afterwards.
 struct Engines {
     stores: Vec<Store>,
-    postgres: Option<(String, String)>,
+    postgres: Option<scratch::Schema>,
 }
 
 impl Engines {
@@ -17,24 +17,13 @@ impl Engines {
         let mut stores = vec![Store::open("sqlite::memory:").await.unwrap()];
         let mut postgres = None;
         if let Ok(url) = std::env::var("SPINLINK_TEST_POSTGRES_URL") {
-            let schema = format!("spinlink_test_{:016x}", rand::random::<u64>());
-            let admin = PgPool::connect(&url).await.unwrap_or_else(|e| {
-                panic!(
-                    "SPINLINK_TEST_POSTGRES_URL is set but unusable ({}): {e}",
-                    redact(&url)
-                )
-            });
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-                .execute(&admin)
+            let schema = scratch::Schema::create(&url, "spinlink_test")
                 .await
-                .unwrap();
-            admin.close().await;
-            let sep = if url.contains('?') { '&' } else { '?' };
-            let scoped = format!("{url}{sep}options=-c%20search_path%3D{schema}");
-            let store = Store::open(&scoped).await.unwrap();
+                .unwrap_or_else(|e| panic!("SPINLINK_TEST_POSTGRES_URL is set but unusable: {e}"));
+            let store = Store::open(&schema.url(None)).await.unwrap();
             assert_eq!(store.engine(), "postgres");
             stores.push(store);
-            postgres = Some((url, schema));
+            postgres = Some(schema);
         }
         Self { stores, postgres }
     }
@@ -43,13 +32,8 @@ impl Engines {
         for s in &self.stores {
             s.close().await;
         }
-        if let Some((url, schema)) = self.postgres {
-            let admin = PgPool::connect(&url).await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&admin)
-                .await
-                .unwrap();
-            admin.close().await;
+        if let Some(schema) = self.postgres {
+            schema.drop_schema().await.unwrap();
         }
     }
 }
@@ -173,38 +157,76 @@ async fn racing_instances_never_both_own_a_lease() {
     engines.done().await;
 }
 
+fn entry(account: &str, id: i64) -> JournalEntry {
+    JournalEntry {
+        account: account.into(),
+        instance: "sidecar-1".into(),
+        request_id: id,
+        method: "PATCH".into(),
+        path: "/apis/apps/v1/namespaces/a/deployments/web".into(),
+        query: "fieldManager=kubectl-edit".into(),
+        kubectl_command: "kubectl edit".into(),
+        status: 200,
+        outcome: "answered".into(),
+        message: String::new(),
+        received_at: 1000 + id,
+        sent_at: 1500 + id,
+        agent_started_at: Some(1600 + id),
+        agent_finished_at: Some(1900 + id),
+        answered_at: 2000 + id,
+    }
+}
+
 #[tokio::test]
-async fn journal_and_resource_versions() {
+async fn the_journal_is_appended_in_batches_read_newest_and_pruned() {
     let engines = Engines::new().await;
     for store in &engines.stores {
         let e = store.engine();
-        for id in 1..=5 {
-            store
-                .journal(&JournalEntry {
-                    account: "prod".into(),
-                    instance: "sidecar-1".into(),
-                    request_id: id,
-                    method: "PATCH".into(),
-                    path: "/apis/apps/v1/namespaces/a/deployments/web".into(),
-                    status: 200,
-                    outcome: "answered".into(),
-                    received_at: 1000 + id,
-                    answered_at: 2000 + id,
-                })
-                .await
-                .unwrap();
-        }
+        let batch: Vec<JournalEntry> = (1..=5).map(|id| entry("prod", id)).collect();
+        store.journal(&batch).await.unwrap();
+        // An agent that reported no times: none are made up.
+        let untimed = JournalEntry {
+            agent_started_at: None,
+            agent_finished_at: None,
+            ..entry("other", 1)
+        };
+        store.journal(std::slice::from_ref(&untimed)).await.unwrap();
+        store.journal(&[]).await.unwrap();
         let last = store.journaled("prod", 2).await.unwrap();
         assert_eq!(
             last.iter().map(|j| j.request_id).collect::<Vec<_>>(),
             [4, 5],
             "{e}"
         );
+        assert_eq!(last[1], entry("prod", 5), "{e}: every field round-trips");
         assert!(
-            store.journaled("other", 10).await.unwrap().is_empty(),
+            store.journaled("nobody", 10).await.unwrap().is_empty(),
             "{e}"
         );
+        // Retention: the newest 3 of prod stay, other accounts are untouched.
+        assert_eq!(store.prune_journal("prod", 3).await.unwrap(), 2, "{e}");
+        assert_eq!(store.prune_journal("prod", 3).await.unwrap(), 0, "{e}");
+        let kept = store.journaled("prod", 10).await.unwrap();
+        assert_eq!(
+            kept.iter().map(|j| j.request_id).collect::<Vec<_>>(),
+            [3, 4, 5],
+            "{e}"
+        );
+        assert_eq!(
+            store.journaled("other", 10).await.unwrap(),
+            [untimed],
+            "{e}"
+        );
+    }
+    engines.done().await;
+}
 
+#[tokio::test]
+async fn resource_versions_are_written_only_by_the_lease_holder() {
+    let engines = Engines::new().await;
+    let ttl = Duration::from_secs(30);
+    for store in &engines.stores {
+        let e = store.engine();
         let kv = |resource: &str, rv: &str| KindVersion {
             group: if resource == "deployments" {
                 "apps".into()
@@ -215,20 +237,35 @@ async fn journal_and_resource_versions() {
             resource: resource.into(),
             resource_version: rv.into(),
         };
+        // Nobody holds the lease yet: nothing is written.
+        assert!(
+            !store
+                .record_resource_versions("prod", "s1", &[kv("pods", "10")], &[])
+                .await
+                .unwrap(),
+            "{e}"
+        );
+        store.acquire_lease("prod", "s1", ttl).await.unwrap();
+        store.acquire_lease("dev", "s1", ttl).await.unwrap();
+        let set = [
+            kv("pods", "10"),
+            kv("deployments", "7"),
+            kv("services", "3"),
+        ];
+        assert!(
+            store
+                .record_resource_versions("prod", "s1", &set, &[])
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .record_resource_versions("prod", "s1", &[kv("pods", "12")], &[kv("services", "")])
+                .await
+                .unwrap()
+        );
         store
-            .set_resource_version("prod", &kv("pods", "10"))
-            .await
-            .unwrap();
-        store
-            .set_resource_version("prod", &kv("deployments", "7"))
-            .await
-            .unwrap();
-        store
-            .set_resource_version("prod", &kv("pods", "12"))
-            .await
-            .unwrap();
-        store
-            .set_resource_version("dev", &kv("pods", "1"))
+            .record_resource_versions("dev", "s1", &[kv("pods", "1")], &[])
             .await
             .unwrap();
         assert_eq!(
@@ -236,7 +273,37 @@ async fn journal_and_resource_versions() {
             [kv("pods", "12"), kv("deployments", "7")],
             "{e}"
         );
-        store.clear_resource_versions("prod").await.unwrap();
+        // s1 lets go; until another instance claims it, s1's last word counts.
+        let Acquired::Owned(lease) = store.acquire_lease("prod", "s1", ttl).await.unwrap() else {
+            panic!("{e}: s1 holds prod")
+        };
+        store
+            .release_lease("prod", "s1", lease.epoch)
+            .await
+            .unwrap();
+        assert!(
+            store
+                .record_resource_versions("prod", "s1", &[kv("pods", "13")], &[])
+                .await
+                .unwrap(),
+            "{e}"
+        );
+        // s2 takes it: s1 can no longer write or clear, s2 can.
+        store.acquire_lease("prod", "s2", ttl).await.unwrap();
+        assert!(
+            !store
+                .record_resource_versions("prod", "s1", &[kv("pods", "99")], &[])
+                .await
+                .unwrap(),
+            "{e}"
+        );
+        store.clear_resource_versions("prod", "s1").await.unwrap();
+        assert_eq!(
+            store.resource_versions("prod").await.unwrap(),
+            [kv("pods", "13"), kv("deployments", "7")],
+            "{e}"
+        );
+        store.clear_resource_versions("prod", "s2").await.unwrap();
         assert!(
             store.resource_versions("prod").await.unwrap().is_empty(),
             "{e}"

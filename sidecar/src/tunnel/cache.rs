@@ -76,15 +76,17 @@ pub fn apply(account: &Account, msg: cache_up::Msg) {
 }
 
 /// Serves one cache stream whose `open` (sequence `first_seq`) was checked:
-/// takes the account over from the sidecar that held it (`takeover`, see
-/// [`crate::handover`]) before telling the agent where to resume, applies
+/// when it is the account's first stream here, decides what its cache
+/// starts from (`takeover`: the previous owner's snapshot, the cache held
+/// here or nothing, see [`crate::handover`]) before telling the agent where
+/// to resume, applies
 /// every message, acknowledges, and marks the account offline when the last
 /// stream ends.
 pub async fn run(
     account: Arc<Account>,
     store: Store,
     first_seq: u64,
-    takeover: Option<(Arc<Handover>, Peer)>,
+    takeover: Option<(Arc<Handover>, Option<Peer>)>,
     mut inbound: Streaming<v1::CacheUp>,
     down: Down,
     shutdown: CancellationToken,
@@ -93,7 +95,7 @@ pub async fn run(
     // owner's, so the agent's replay of what it holds is skipped and what
     // follows is applied.
     if let Some((handover, from)) = &takeover {
-        handover.take_over(&account, from).await;
+        handover.take_over(&account, from.as_ref(), &store).await;
     }
     let (mut highest, _) = account.record_seq(first_seq);
     let mut acked = 0u64;

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::accounts::{Accounts, NamespaceScope};
+use crate::accounts::{Accounts, NamespaceScope, Presence};
 use crate::handover::Handover;
 use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
@@ -228,7 +228,7 @@ impl Tunnel for TunnelService {
                 tracing::warn!(account = %name, error = %e, "cluster fingerprint not checked");
             }
         }
-        let mut takeover = None;
+        let mut claimed = None;
         if let Some(ownership) = &self.ownership {
             // Whom the account comes from: claiming replaces the record.
             let previous = match &self.handover {
@@ -236,9 +236,7 @@ impl Tunnel for TunnelService {
                 None => None,
             };
             match ownership.claim(&name).await {
-                Ok(()) => {
-                    takeover = self.handover.clone().zip(previous);
-                }
+                Ok(()) => claimed = Some(previous),
                 // The agent retries with backoff; the holder's lease ends
                 // within one lease period unless its agent is still there.
                 Err(e @ ClaimError::HeldBy { .. }) => {
@@ -254,8 +252,21 @@ impl Tunnel for TunnelService {
             }
         }
         let account = self.accounts.get_or_create(&name);
+        if account.set_cluster(&fingerprint) {
+            tracing::warn!(account = %name, agent = %identity,
+                "the cache held for this name was another cluster's; dropped");
+        }
+        // The account's first stream here decides what its cache starts
+        // from; a second one (the agent moving connections) continues it.
+        let first = account.presence() != Presence::Online;
+        // Before the stream counts as open: opening wakes whoever registers
+        // the account, and the registration carries the scope.
         account.set_scope(scope);
         account.cache_opened(&identity);
+        let takeover = match (&self.handover, claimed) {
+            (Some(handover), Some(previous)) if first => Some((handover.clone(), previous)),
+            _ => None,
+        };
         tracing::info!(account = %name, agent = %identity, "cache stream open");
         if let Err(e) = self
             .store

@@ -107,7 +107,17 @@ pub struct CacheStream {
 
 impl CacheStream {
     pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
-        Self::open_with(client, account, &[]).await
+        Self::open_at(client, account, 1).await
+    }
+
+    /// Opens a stream whose `open` carries `seq`, as an agent's carries the
+    /// last number acknowledged: what follows is numbered after it.
+    pub async fn open_at(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        seq: u64,
+    ) -> anyhow::Result<Self> {
+        Self::open_scoped(client, account, seq, &[]).await
     }
 
     /// Opens the stream of an agent watching only `namespaces` of the account.
@@ -116,9 +126,18 @@ impl CacheStream {
         account: &str,
         namespaces: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::open_scoped(client, account, 1, namespaces).await
+    }
+
+    async fn open_scoped(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        seq: u64,
+        namespaces: &[&str],
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
-            seq: 1,
+            seq,
             msg: Some(cache_up::Msg::Open(v1::CacheOpen {
                 account: account.into(),
                 agent_id: "test".into(),
@@ -131,7 +150,28 @@ impl CacheStream {
             .cache(with_headers(ReceiverStream::new(rx), account))
             .await?
             .into_inner();
-        Ok(Self { tx, down, seq: 1 })
+        Ok(Self { tx, down, seq })
+    }
+
+    /// The `ResumeFrom` the sidecar sends first: resourceVersion by
+    /// resource.
+    pub async fn resume_from(&mut self) -> anyhow::Result<Vec<(String, String)>> {
+        let first = tokio::time::timeout(Duration::from_secs(10), self.down.message())
+            .await
+            .context("no ResumeFrom")??
+            .context("cache stream ended")?;
+        let Some(cache_down::Msg::Resume(r)) = first.msg else {
+            bail!("the first message was not ResumeFrom: {first:?}");
+        };
+        Ok(r.kinds
+            .into_iter()
+            .map(|k| {
+                (
+                    k.kind.map(|k| k.resource).unwrap_or_default(),
+                    k.resource_version,
+                )
+            })
+            .collect())
     }
 
     pub async fn send(&mut self, msg: cache_up::Msg) -> anyhow::Result<()> {
@@ -303,6 +343,18 @@ pub fn spawn_request(
     tokio::spawn(async move { request(&client, method, &url, headers, body).await })
 }
 
+/// An operation's hop times (from the accounts API), in hop order; every
+/// hop must be there.
+pub fn hop_times(op: &Value) -> Vec<chrono::DateTime<chrono::Utc>> {
+    spinlink_sidecar::accounts::Operation::HOPS
+        .iter()
+        .map(|hop| {
+            serde_json::from_value(op[*hop].clone())
+                .unwrap_or_else(|e| panic!("{hop} of {op}: {e}"))
+        })
+        .collect()
+}
+
 pub async fn get(client: &HttpClient, url: &str) -> anyhow::Result<Answer> {
     request(client, "GET", url, &[], "").await
 }
@@ -332,4 +384,55 @@ pub async fn wait_status(
 pub fn fixture(path: &str) -> Value {
     let full = format!("{}/../kube-sim/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_slice(&std::fs::read(&full).unwrap_or_else(|e| panic!("{full}: {e}"))).unwrap()
+}
+
+/// One store for several sidecars: a SQLite file in a temporary directory,
+/// or, when `SPINLINK_TEST_POSTGRES_URL` is set, a schema of its own in
+/// that PostgreSQL, dropped with this.
+pub struct SharedStore {
+    pub url: String,
+    _dir: tempfile::TempDir,
+    schema: Option<spinlink_sidecar::store::scratch::Schema>,
+}
+
+impl SharedStore {
+    pub async fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let Ok(server) = std::env::var("SPINLINK_TEST_POSTGRES_URL") else {
+            let url = format!("sqlite://{}", dir.path().join("shared.db").display());
+            return Ok(Self {
+                url,
+                _dir: dir,
+                schema: None,
+            });
+        };
+        let schema =
+            spinlink_sidecar::store::scratch::Schema::create(&server, "spinlink_sidecar_test")
+                .await
+                .context("SPINLINK_TEST_POSTGRES_URL is set but unusable")?;
+        Ok(Self {
+            url: schema.url(None),
+            _dir: dir,
+            schema: Some(schema),
+        })
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        if self.schema.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+}
+
+impl Drop for SharedStore {
+    fn drop(&mut self) {
+        if let Some(schema) = self.schema.take()
+            && let Err(e) = schema.drop_blocking()
+        {
+            eprintln!("dropping the test schema: {e}");
+        }
+    }
 }
