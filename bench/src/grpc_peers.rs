@@ -296,6 +296,22 @@ pub fn rss(pids: &[u32]) -> u64 {
         .sum()
 }
 
+/// CPU time (user and system) `pids` have used, in seconds (`/proc` counts
+/// in USER_HZ, 100 per second on Linux).
+pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after `(comm)`: state is the 1st, utime the 12th, stime the 13th.
+            let rest = stat.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let user: f64 = f.get(11)?.parse().ok()?;
+            let system: f64 = f.get(12)?.parse().ok()?;
+            Some((user + system) / 100.0)
+        })
+        .sum()
+}
+
 /// Established TCP connections that `pids` hold to `port` on loopback: the
 /// upstream connections a proxy keeps to the backend.
 pub fn connections_to(pids: &[u32], port: u16) -> usize {

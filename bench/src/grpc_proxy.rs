@@ -112,6 +112,30 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         dialer: Dialer::new(&pki, echo_tls, false)?,
         pid: None,
     }];
+    // The floor: a process that only copies bytes (no TLS, no HTTP/2) in
+    // front of the TLS backend. What it adds is what any proxy pays for the
+    // extra hop on this machine before doing any work.
+    let mut passthrough = Proc::start(
+        &me,
+        "passthrough",
+        dir,
+        &[
+            "--dir",
+            path(dir)?,
+            "grpc-proxy",
+            "passthrough",
+            "--to",
+            &echo_tls.to_string(),
+        ],
+    )?;
+    let passthrough_addr: SocketAddr = passthrough
+        .wait_line("listening: passthrough ", peers::START_WAIT)?
+        .parse()?;
+    targets.push(Target {
+        name: "tcp-passthrough",
+        dialer: Dialer::new(&pki, passthrough_addr, false)?,
+        pid: Some(passthrough.pid()),
+    });
     let gateway_proc = {
         let listen = peers::free_port()?;
         let cfg = dir.join("gateway.yaml");
@@ -269,7 +293,21 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             }
         }
     };
+    // The front's own CPU per message: what a dedicated gateway node would
+    // spend, whatever the load generator and backend take of the machine.
+    let mut bidi_cpu: Res = BTreeMap::new();
+    let mut unary_cpu: Res = BTreeMap::new();
+    let cpu_per = |t: &Target, m: &mut Res, v: &anyhow::Result<f64>, before: f64| {
+        if let (Ok(rate), Some(_)) = (v, t.pid) {
+            let used = peers::cpu_seconds(&t.pids()) - before;
+            let messages = rate * opts.seconds;
+            if messages > 0.0 {
+                m.entry(t.name).or_default().push(used / messages * 1e6);
+            }
+        }
+    };
     each(&mut |t| {
+        let before = peers::cpu_seconds(&t.pids());
         let v = rt.block_on(bidi_rate(
             &t.dialer,
             opts.bidi_conns,
@@ -277,9 +315,11 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             msg.clone(),
             secs,
         ));
+        cpu_per(t, &mut bidi_cpu, &v, before);
         record(&mut bidi, t.name, v, "bidi");
     });
     each(&mut |t| {
+        let before = peers::cpu_seconds(&t.pids());
         let v = rt.block_on(unary_rate(
             &t.dialer,
             opts.unary_conns,
@@ -287,6 +327,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             msg.clone(),
             secs,
         ));
+        cpu_per(t, &mut unary_cpu, &v, before);
         record(&mut unary, t.name, v, "unary");
     });
     each(
@@ -307,8 +348,8 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let med = |m: &Res, name: &str| m.get(name).map(|v| median(v));
     let direct_p99 = med(&p99, "direct");
     r.line(String::new());
-    r.line("| target | bidi msg/s | unary req/s (32 in flight) | unary p50 / p99, 1 in flight (ms) | p99 added over direct (ms) | new mTLS conns/s | RSS per idle conn + stream (KiB) | upstream conns for 2,000 streams |");
-    r.line("|---|---|---|---|---|---|---|---|");
+    r.line("| target | bidi msg/s | unary req/s (32 in flight) | front's CPU µs per bidi msg / unary req | unary p50 / p99, 1 in flight (ms) | p99 added over direct (ms) | new mTLS conns/s | RSS per idle conn + stream (KiB) | upstream conns for 2,000 streams |");
+    r.line("|---|---|---|---|---|---|---|---|---|");
     for t in &targets {
         let f0 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.0}"));
         let f2 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
@@ -320,11 +361,14 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             Some(m) => (format!("{:.1}", m.per_conn_kib), m.upstream.to_string()),
             None => ("–".into(), "–".into()),
         };
+        let f1 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1}"));
         r.line(format!(
-            "| {} | {} | {} | {} / {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} |",
             t.name,
             f0(med(&bidi, t.name)),
             f0(med(&unary, t.name)),
+            f1(med(&bidi_cpu, t.name)),
+            f1(med(&unary_cpu, t.name)),
             f2(med(&p50, t.name)),
             f2(med(&p99, t.name)),
             added,
@@ -373,8 +417,23 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     }
     drop(procs);
     drop(gateway_proc);
+    drop(passthrough);
     drop(echo);
     Ok(())
+}
+
+/// Runs the pass-through on two workers, as the proxies have, until killed.
+fn passthrough(to: SocketAddr) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let b = crate::balancer::Balancer::start(vec![to]).await?;
+        println!("listening: passthrough {}", b.addr);
+        std::future::pending::<()>().await;
+        anyhow::Ok(())
+    })
 }
 
 type Res = BTreeMap<&'static str, Vec<f64>>;
@@ -644,6 +703,13 @@ pub enum Command {
     /// Measure the gateway, nginx, HAProxy and Envoy in front of the echo
     /// backend, and the backend directly.
     Run(RunArgs),
+    /// A byte-copying TCP pass-through (started by `run`, the floor every
+    /// front is compared with; prints its address).
+    Passthrough {
+        /// Where to pass connections.
+        #[arg(long)]
+        to: SocketAddr,
+    },
     /// The echo backend (started by `run`; prints its addresses).
     Echo {
         /// Dev PKI directory (`DevPki::ensure` layout).
@@ -711,6 +777,7 @@ pub fn command(
 ) -> anyhow::Result<()> {
     match cmd {
         Command::Echo { pki, h2c, tls } => crate::grpc_echo::run(&pki, h2c, tls),
+        Command::Passthrough { to } => passthrough(to),
         Command::Run(a) => run(
             &Options {
                 spinlink,
