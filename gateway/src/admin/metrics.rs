@@ -35,10 +35,17 @@ pub enum Refusal {
     HelloRate,
     /// A `Hello` request larger than `listener.maxHelloBytes`.
     HelloTooLarge,
-    /// A `Hello` request that breaks a structural bound.
+    /// A `Hello` request that breaks a structural bound (too many accounts),
+    /// or one of its accounts that is empty or offered twice.
     HelloInvalid,
     /// The identity already has `listener.maxStreamsPerIdentity` streams open.
     IdentityStreams,
+    /// A stream past the connection's `listener.maxConcurrentStreams`
+    /// (HTTP/2 `REFUSED_STREAM`).
+    ConnectionStreams,
+    /// A stream opened after the gateway's GOAWAY on that connection (drain
+    /// or maximum age; HTTP/2 `REFUSED_STREAM`, the agent retries elsewhere).
+    GoingAway,
     /// The account is served by another identity.
     AccountOwned,
     /// The policy does not let the identity serve the account.
@@ -53,7 +60,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 16] = [
+    pub const ALL: [Refusal; 18] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::UntrustedProxy,
@@ -66,6 +73,8 @@ impl Refusal {
         Self::HelloTooLarge,
         Self::HelloInvalid,
         Self::IdentityStreams,
+        Self::ConnectionStreams,
+        Self::GoingAway,
         Self::AccountOwned,
         Self::Policy,
         Self::Idle,
@@ -87,6 +96,8 @@ impl Refusal {
             Self::HelloTooLarge => "hello_too_large",
             Self::HelloInvalid => "hello_invalid",
             Self::IdentityStreams => "identity_streams",
+            Self::ConnectionStreams => "connection_streams",
+            Self::GoingAway => "going_away",
             Self::AccountOwned => "account_owned",
             Self::Policy => "policy",
             Self::Idle => "idle",
