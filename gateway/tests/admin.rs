@@ -1,14 +1,21 @@
 //! The admin port and drain: `/healthz`, `/readyz` (200 once the listener
 //! accepts, 503 from the moment shutdown is signalled while connections
 //! drain) and `/metrics`; on shutdown every agent gets `Reconnect{draining}`
-//! on its `Control` stream, open streams keep working, new connections are
-//! refused.
+//! on its `Control` stream and GOAWAY (a later stream is refused and
+//! counted), open streams keep working, new connections are refused, and the
+//! drain's duration is exported.
 
 mod common;
 
+use bytes::BytesMut;
 use common::*;
+use spinlink_gateway::admin::Refusal;
+use spinlink_http2::frame::{self, Reason, flag, kind};
+use spinlink_http2::hpack::{Encoder, Indexing};
+use spinlink_proto::paths;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{CacheUp, ControlRequest, control_event};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn readiness_follows_the_listener_and_drain_signals_agents() {
@@ -54,6 +61,7 @@ async fn readiness_follows_the_listener_and_drain_signals_agents() {
         "{metrics}"
     );
     assert!(metrics.contains("spinlink_gateway_draining 0"), "{metrics}");
+    assert_eq!(drain_seconds(&metrics), 0.0, "{metrics}");
 
     gw.shutdown.cancel();
     let event = tokio::time::timeout(WAIT, control.message())
@@ -89,6 +97,12 @@ async fn readiness_follows_the_listener_and_drain_signals_agents() {
             .contains("spinlink_gateway_draining 1")
     );
     assert!(tokio::net::TcpStream::connect(gw.addr).await.is_err());
+    // GOAWAY: the connection takes no new stream (the client, told so, does
+    // not even send it), while the one already open carries on.
+    let granted = gw.stats.snapshot().accounts_granted;
+    let result = hello(&channel, &["dev-2"]).await;
+    assert!(result.is_err(), "a Hello after GOAWAY: {result:?}");
+    assert_eq!(gw.stats.snapshot().accounts_granted, granted);
     tx.send(CacheUp { seq: 2, msg: None }).await.unwrap();
     assert_eq!(next_ack(&mut down).await.unwrap(), 2);
 
@@ -104,6 +118,146 @@ async fn readiness_follows_the_listener_and_drain_signals_agents() {
         tokio::net::TcpStream::connect(admin).await.is_err(),
         "admin port outlived the drain"
     );
+    // How long the drain took: from the signal to the last stream's end.
+    let seconds = drain_seconds(&gw.stats.metrics().encode());
+    assert!(
+        seconds > 0.0 && seconds < WAIT.as_secs_f64(),
+        "drain took {seconds} s"
+    );
+}
+
+/// The value of `spinlink_gateway_drain_duration_seconds` in a scrape.
+fn drain_seconds(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spinlink_gateway_drain_duration_seconds "))
+        .unwrap_or_else(|| panic!("no drain duration in:\n{metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// A bare HTTP/2 client over one agent TLS connection: frames as written
+/// and read, so a GOAWAY and a refused stream can be seen as such.
+struct RawH2 {
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    enc: Encoder,
+    rbuf: BytesMut,
+}
+
+impl RawH2 {
+    async fn connect(addr: std::net::SocketAddr, pki: &spinlink_tls::dev::DevPki) -> Self {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut raw = Self {
+            tls: agent_tls_over(tcp, pki, "agent-a1").await.unwrap(),
+            enc: Encoder::new(4096),
+            rbuf: BytesMut::new(),
+        };
+        let mut out = BytesMut::from(&frame::PREFACE[..]);
+        frame::Settings::default().write(&mut out);
+        raw.tls.write_all(&out).await.unwrap();
+        raw
+    }
+
+    /// HEADERS opening stream `id` on `path` (not ending it).
+    async fn open(&mut self, id: u32, path: &str) {
+        let fields: [(&[u8], &[u8]); 5] = [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", path.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ];
+        let mut block = BytesMut::new();
+        self.enc.encode(
+            fields.iter().map(|(n, v)| (*n, *v, Indexing::Indexed)),
+            &mut block,
+        );
+        let mut out = BytesMut::new();
+        frame::write_headers(&mut out, id, &block, false, 16_384);
+        self.tls.write_all(&out).await.unwrap();
+    }
+
+    /// A PING, and its answer: every frame sent before it has been read.
+    async fn ping(&mut self) {
+        let mut out = BytesMut::new();
+        frame::write_ping(&mut out, false, *b"spinlink");
+        self.tls.write_all(&out).await.unwrap();
+        let answer = self.until(kind::PING, 0).await;
+        assert_eq!(answer, b"spinlink");
+    }
+
+    /// The next frame of `kind` on `stream`, answering SETTINGS on the way;
+    /// its payload.
+    async fn until(&mut self, want: u8, stream: u32) -> Vec<u8> {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let (head, payload) = self.next().await;
+                if head.kind == kind::SETTINGS && head.flags & flag::ACK == 0 {
+                    let mut ack = BytesMut::new();
+                    frame::write_settings_ack(&mut ack);
+                    self.tls.write_all(&ack).await.unwrap();
+                }
+                if head.kind == want && head.stream == stream {
+                    return payload;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no frame of kind {want} on stream {stream}"))
+    }
+
+    async fn next(&mut self) -> (frame::Head, Vec<u8>) {
+        loop {
+            if let Some(head) = frame::Head::parse(&self.rbuf)
+                && self.rbuf.len() >= frame::HEAD_LEN + head.len
+            {
+                let bytes = self.rbuf.split_to(frame::HEAD_LEN + head.len);
+                return (head, bytes[frame::HEAD_LEN..].to_vec());
+            }
+            let n = self.tls.read_buf(&mut self.rbuf).await.unwrap();
+            assert_ne!(n, 0, "connection closed");
+        }
+    }
+}
+
+/// The first four bytes of a payload as a number (GOAWAY's last stream id,
+/// RST_STREAM's error code).
+fn word(payload: &[u8]) -> u32 {
+    u32::from_be_bytes(payload[..4].try_into().unwrap())
+}
+
+#[tokio::test]
+async fn drain_sends_goaway_and_refuses_later_streams() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!(
+            "upstreams: [{{url: '{}'}}]\nshutdownGraceSeconds: 15\n",
+            sidecar.url()
+        ),
+    ))
+    .await;
+    let mut raw = RawH2::connect(gw.addr, &pki.pki).await;
+    // A `Hello` whose request never comes keeps stream 1 open; the PING's
+    // answer says the gateway has read its HEADERS.
+    raw.open(1, paths::HELLO).await;
+    raw.ping().await;
+
+    gw.shutdown.cancel();
+    let goaway = raw.until(kind::GOAWAY, 0).await;
+    assert_eq!(
+        word(&goaway),
+        1,
+        "GOAWAY names stream 1 the last one processed"
+    );
+    assert_eq!(word(&goaway[4..]), Reason::NO_ERROR.0);
+    // A stream opened after GOAWAY is refused, unprocessed, and counted.
+    raw.open(3, paths::HELLO).await;
+    let reset = raw.until(kind::RST_STREAM, 3).await;
+    assert_eq!(word(&reset), Reason::REFUSED_STREAM.0);
+    wait_refusals(&gw.stats, Refusal::GoingAway, 1).await;
+    assert_eq!(gw.stats.metrics().refusals(Refusal::ConnectionStreams), 0);
 }
 
 #[tokio::test]

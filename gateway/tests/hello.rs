@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::tunnel::hello::MAX_ACCOUNTS_PER_HELLO;
 use spinlink_proto::v1::{HelloRequest, HelloResponse};
 use tonic::Code;
 
@@ -43,6 +45,39 @@ async fn hello_grants_allowed_accounts_and_refuses_others() {
     );
     let stats = gw.stats.snapshot();
     assert_eq!((stats.accounts_granted, stats.accounts_refused), (2, 1));
+    assert_eq!(gw.stats.metrics().refusals(Refusal::Policy), 1);
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HelloInvalid), 0);
+}
+
+#[tokio::test]
+async fn malformed_hellos_are_refused_and_counted() {
+    let pki = pki();
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        "upstreams: [{url: 'http://127.0.0.1:9'}]\n",
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    // An empty name and a name offered twice: those accounts are refused.
+    let resp = hello(&channel, &["", "dev-1", "dev-1"]).await.unwrap();
+    let granted: Vec<_> = resp.granted.iter().map(|g| g.account.as_str()).collect();
+    assert_eq!(granted, ["dev-1"]);
+    let reasons: Vec<_> = resp.refused.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["empty account name", "account dev-1 offered twice"]
+    );
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HelloInvalid), 2);
+
+    // More accounts than one Hello may carry: the whole Hello is refused.
+    let many: Vec<String> = (0..=MAX_ACCOUNTS_PER_HELLO)
+        .map(|i| format!("dev-{i}"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let err = hello(&channel, &many).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(gw.stats.metrics().refusals(Refusal::HelloInvalid), 3);
+    assert_eq!(gw.stats.metrics().refusals(Refusal::Policy), 0);
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::admin::metrics::ClientResult;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -44,6 +45,7 @@ async fn hello_after(
 
 #[tokio::test]
 async fn v1_and_v2_headers_from_a_trusted_proxy_are_read() {
+    capture_logs();
     let pki = pki();
     let gw = start_gateway(&yaml(
         &pki.pki,
@@ -65,10 +67,28 @@ async fn v1_and_v2_headers_from_a_trusted_proxy_are_read() {
     .await
     .unwrap();
     assert_eq!(gw.stats.snapshot().accounts_granted, 2);
+    // The connection's own log lines name the client, not the balancer.
+    for remote in ["remote=203.0.113.7:51000", "remote=198.51.100.9:40000"] {
+        wait_log_line(&["agent connected", remote]).await;
+        wait_log_line(&["tunnel::hello: hello ", remote]).await;
+    }
+    // So does the metric, cut to the client's network.
+    let networks = &gw.stats.metrics().client_connections;
+    assert_eq!(networks.get("203.0.113.0/24", ClientResult::Accepted), 1);
+    assert_eq!(networks.get("198.51.100.0/24", ClientResult::Accepted), 1);
+    assert_eq!(networks.get("127.0.0.0/24", ClientResult::Accepted), 0);
+    let text = gw.stats.metrics().encode();
+    assert!(
+        text.contains(
+            "spinlink_gateway_client_connections_total{client_network=\"203.0.113.0/24\",result=\"accepted\"} 1"
+        ),
+        "{text}"
+    );
     // Required: a trusted address without a header is refused.
     let result = hello_after(gw.addr, &pki.pki, b"").await;
     assert!(result.is_err(), "no header accepted");
     wait_refusals(&gw.stats, Refusal::ProxyHeaderMissing, 1).await;
+    assert_eq!(networks.get("127.0.0.0/24", ClientResult::Refused), 1);
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ async fn agent(addr: std::net::SocketAddr, pki: &Pki, name: &str) -> tonic::tran
 
 #[tokio::test]
 async fn second_identity_is_refused_until_the_first_is_gone() {
+    capture_logs();
     let pki = pki();
     let gw = start_gateway(&tls_gateway_yaml(
         &pki.pki,
@@ -49,6 +50,14 @@ async fn second_identity_is_refused_until_the_first_is_gone() {
         text.contains("spinlink_gateway_refusals_total{reason=\"account_owned\"} 1"),
         "{text}"
     );
+    // The operator's log line names both: the identity refused and the owner.
+    wait_log_line(&[
+        "already served by another identity",
+        "account=\"dev-1\"",
+        "identity=\"spiffe://spinlink.dev/agent/a2\"",
+        "owner=\"spiffe://spinlink.dev/agent/a1\"",
+    ])
+    .await;
 
     // One of a1's connections gone: a1 still owns dev-1.
     drop(a1);

@@ -2,12 +2,15 @@
 //! way Kubernetes updates a mounted Secret (the `..data` symlink moved
 //! atomically) are served to the next connection, while a connection made
 //! before keeps working; a bad new file is refused and the old certificate
-//! stays in service; the expiry is exported.
+//! stays in service (with a log line); the expiry is exported. A rotated
+//! client CA bundle decides who the next handshakes admit, while connections
+//! made under the old one keep their streams.
 
 mod common;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use rustls::pki_types::CertificateDer;
@@ -36,6 +39,19 @@ fn publish(mount: &Path, version: &str, cert: &[u8], key: &[u8], ca: &[u8]) {
     }
 }
 
+/// A gateway reading its TLS files from the Secret mounted at `mount`,
+/// checking them every second, carrying to `sidecar`.
+fn mounted_gateway_yaml(mount: &Path, sidecar: &FakeSidecar) -> String {
+    format!(
+        "gatewayId: gw-test\nlisten: 127.0.0.1:0\n\
+         tls:\n  certFile: {m}/tls.crt\n  keyFile: {m}/tls.key\n  clientCaFile: {m}/ca.crt\n  reloadIntervalSeconds: 1\n\
+         policy:\n  - identities: ['spiffe://spinlink.dev/agent/*']\n    accounts: ['dev-*']\n\
+         upstreams: [{{url: '{}'}}]\n",
+        sidecar.url(),
+        m = mount.display(),
+    )
+}
+
 async fn served_cert(addr: std::net::SocketAddr, pki: &spinlink_tls::dev::DevPki) -> Vec<u8> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let tls = agent_tls_over(tcp, pki, "agent-a1").await.unwrap();
@@ -52,6 +68,12 @@ fn der(pem: &str) -> Vec<u8> {
         .to_vec()
 }
 
+/// A DER certificate's notAfter, Unix seconds.
+fn not_after(der: &[u8]) -> i64 {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    cert.validity().not_after.timestamp()
+}
+
 async fn wait_reloads(stats: &Arc<Stats>, result: &'static str, n: u64) {
     let label = ResultLabel { result };
     tokio::time::timeout(
@@ -64,6 +86,7 @@ async fn wait_reloads(stats: &Arc<Stats>, result: &'static str, n: u64) {
 
 #[tokio::test]
 async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
+    capture_logs();
     let pki = pki();
     let mount = pki.dir.path().join("secret");
     let read = |p: std::path::PathBuf| std::fs::read(p).unwrap();
@@ -77,15 +100,7 @@ async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
     );
 
     let sidecar = FakeSidecar::plain().await;
-    let yaml = format!(
-        "gatewayId: gw-test\nlisten: 127.0.0.1:0\n\
-         tls:\n  certFile: {m}/tls.crt\n  keyFile: {m}/tls.key\n  clientCaFile: {m}/ca.crt\n  reloadIntervalSeconds: 1\n\
-         policy:\n  - identities: ['spiffe://spinlink.dev/agent/*']\n    accounts: ['dev-*']\n\
-         upstreams: [{{url: '{}'}}]\n",
-        sidecar.url(),
-        m = mount.display(),
-    );
-    let gw = start_gateway(&yaml).await;
+    let gw = start_gateway(&mounted_gateway_yaml(&mount, &sidecar)).await;
     let expiry = gw.stats.metrics().cert_expiry.get();
     assert!(
         expiry > 86_400.0,
@@ -107,10 +122,15 @@ async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
         .unwrap();
     assert_eq!(next_ack(&mut down).await.unwrap(), 1);
 
-    // Rotate: a new certificate and key from the same CA, swapped in atomically.
+    // Rotate: a new certificate and key from the same CA, valid for two days
+    // instead of the first one's ninety, swapped in atomically.
     let ca = DevCa::load(&pki.pki.dir).unwrap();
     let issued = ca
-        .issue(&Leaf::server("gateway-rotated").with_dns("localhost"))
+        .issue(
+            &Leaf::server("gateway-rotated")
+                .with_dns("localhost")
+                .with_validity(Duration::from_secs(2 * 86_400)),
+        )
         .unwrap();
     publish(
         &mount,
@@ -122,8 +142,16 @@ async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
     wait_reloads(&gw.stats, "ok", 1).await;
     let v2 = served_cert(gw.addr, &pki.pki).await;
     assert_eq!(v2, der(&issued.cert_pem));
-    // The exported notAfter is the new certificate's (issued later, so not earlier).
-    assert!(gw.stats.metrics().cert_not_after.get() >= not_after_v1);
+    // The exported expiry is the new certificate's, to the second.
+    let not_after_v2 = not_after(&v2);
+    assert_eq!(not_after_v1, not_after(&v1));
+    assert_ne!(not_after_v2, not_after_v1);
+    assert_eq!(gw.stats.metrics().cert_not_after.get(), not_after_v2);
+    let left = gw.stats.metrics().cert_expiry.get();
+    assert!(
+        left > 86_400.0 && left <= 2.0 * 86_400.0,
+        "expiry after the rotation: {left}"
+    );
     assert_ne!(v1, v2);
 
     // The old connection and its stream carry on, and it can still say Hello.
@@ -142,6 +170,81 @@ async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
         &ca_pem,
     );
     wait_reloads(&gw.stats, "failed", 1).await;
+    wait_log_line(&[
+        "ERROR",
+        "new TLS files refused",
+        "still serving the previous certificate",
+    ])
+    .await;
     assert_eq!(served_cert(gw.addr, &pki.pki).await, v2);
     token_for(&old, "dev-3").await;
+}
+
+async fn wait_handshake_failures(stats: &Stats, n: u64) {
+    tokio::time::timeout(WAIT, stats.wait_for(|s| s.handshake_failures >= n))
+        .await
+        .unwrap_or_else(|_| panic!("no {n} failed handshakes"));
+}
+
+/// Whether an agent presenting `cert`/`key` gets through a new connection's
+/// handshake and a `Hello`.
+async fn admitted(
+    addr: std::net::SocketAddr,
+    pki: &spinlink_tls::dev::DevPki,
+    cert: &Path,
+    key: &Path,
+    account: &str,
+) -> bool {
+    match agent_channel(addr, pki, Some((cert, key))).await {
+        // With TLS 1.3 the client learns of a refused certificate on its
+        // first read: the `Hello`.
+        Ok(channel) => hello(&channel, &[account])
+            .await
+            .is_ok_and(|r| r.granted.len() == 1),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn rotated_client_ca_decides_the_next_handshakes_and_old_streams_survive() {
+    let pki = pki();
+    let mount = pki.dir.path().join("secret");
+    let read = |p: std::path::PathBuf| std::fs::read(p).unwrap();
+    let (cert, key) = (read(pki.pki.cert("gateway")), read(pki.pki.key("gateway")));
+    publish(&mount, "..v1", &cert, &key, &read(pki.pki.ca_cert()));
+
+    // An agent whose certificate comes from a new CA, same identity.
+    let new_ca = DevCa::generate("rotated agent CA").unwrap();
+    let (new_cert, new_key) = new_ca
+        .issue(&Leaf::client("agent-a1").with_uri(A1))
+        .unwrap()
+        .write(pki.dir.path(), "agent-new-ca")
+        .unwrap();
+    let (old_cert, old_key) = (pki.pki.cert("agent-a1"), pki.pki.key("agent-a1"));
+
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&mounted_gateway_yaml(&mount, &sidecar)).await;
+    assert!(!admitted(gw.addr, &pki.pki, &new_cert, &new_key, "dev-1").await);
+    wait_handshake_failures(&gw.stats, 1).await;
+
+    // An old-CA agent with a stream open across the rotation.
+    let old = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&old, "dev-1").await;
+    let (tx, mut down) = open_cache(&old, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+
+    // The bundle now holds the new CA only.
+    publish(&mount, "..v2", &cert, &key, new_ca.cert_pem().as_bytes());
+    wait_reloads(&gw.stats, "ok", 1).await;
+    assert!(admitted(gw.addr, &pki.pki, &new_cert, &new_key, "dev-2").await);
+    assert!(!admitted(gw.addr, &pki.pki, &old_cert, &old_key, "dev-3").await);
+    wait_handshake_failures(&gw.stats, 2).await;
+
+    // The connection made under the old bundle keeps its stream.
+    tx.send(spinlink_proto::v1::CacheUp { seq: 2, msg: None })
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 2);
 }

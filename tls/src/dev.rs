@@ -52,6 +52,7 @@ pub struct Leaf {
     uris: Vec<String>,
     server: bool,
     client: bool,
+    validity: Duration,
 }
 
 impl Leaf {
@@ -65,6 +66,7 @@ impl Leaf {
             uris: Vec::new(),
             server: true,
             client: false,
+            validity: DEFAULT_LEAF_VALIDITY,
         }
     }
 
@@ -103,6 +105,14 @@ impl Leaf {
     #[must_use]
     pub fn with_uri(mut self, uri: &str) -> Self {
         self.uris.push(uri.to_owned());
+        self
+    }
+
+    /// Valid for `validity` from issue instead of [`DEFAULT_LEAF_VALIDITY`]
+    /// (a rotation that changes the expiry).
+    #[must_use]
+    pub fn with_validity(mut self, validity: std::time::Duration) -> Self {
+        self.validity = Duration::try_from(validity).unwrap_or(Duration::MAX);
         self
     }
 }
@@ -202,7 +212,7 @@ impl DevCa {
         params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::hours(1);
-        params.not_after = now + DEFAULT_LEAF_VALIDITY;
+        params.not_after = now.saturating_add(leaf.validity);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Issued {

@@ -1,7 +1,9 @@
 //! The gateway's Prometheus metrics ([`Metrics`]), registered once and
 //! exported by the admin port in the text exposition format. Label values come
 //! from closed sets ([`Refusal`], [`AuthFailure`], the configured upstream
-//! URLs), never from what a peer sends, so the series count stays bounded.
+//! URLs), never from what a peer sends, so the series count stays bounded;
+//! the one label derived from a peer, the client's network, is capped
+//! ([`ClientNetworks`]).
 
 use std::sync::atomic::AtomicU64;
 
@@ -10,6 +12,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+
+pub use super::client_networks::{ClientNetworks, ClientResult};
 
 /// Why a connection, handshake, `Hello` or stream was turned away before it
 /// was served (label `reason` of `spinlink_gateway_refusals_total`).
@@ -35,10 +39,17 @@ pub enum Refusal {
     HelloRate,
     /// A `Hello` request larger than `listener.maxHelloBytes`.
     HelloTooLarge,
-    /// A `Hello` request that breaks a structural bound.
+    /// A `Hello` request that breaks a structural bound (too many accounts),
+    /// or one of its accounts that is empty or offered twice.
     HelloInvalid,
     /// The identity already has `listener.maxStreamsPerIdentity` streams open.
     IdentityStreams,
+    /// A stream past the connection's `listener.maxConcurrentStreams`
+    /// (HTTP/2 `REFUSED_STREAM`).
+    ConnectionStreams,
+    /// A stream opened after the gateway's GOAWAY on that connection (drain
+    /// or maximum age; HTTP/2 `REFUSED_STREAM`, the agent retries elsewhere).
+    GoingAway,
     /// The account is served by another identity.
     AccountOwned,
     /// The policy does not let the identity serve the account.
@@ -53,7 +64,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 16] = [
+    pub const ALL: [Refusal; 18] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::UntrustedProxy,
@@ -66,6 +77,8 @@ impl Refusal {
         Self::HelloTooLarge,
         Self::HelloInvalid,
         Self::IdentityStreams,
+        Self::ConnectionStreams,
+        Self::GoingAway,
         Self::AccountOwned,
         Self::Policy,
         Self::Idle,
@@ -87,6 +100,8 @@ impl Refusal {
             Self::HelloTooLarge => "hello_too_large",
             Self::HelloInvalid => "hello_invalid",
             Self::IdentityStreams => "identity_streams",
+            Self::ConnectionStreams => "connection_streams",
+            Self::GoingAway => "going_away",
             Self::AccountOwned => "account_owned",
             Self::Policy => "policy",
             Self::Idle => "idle",
@@ -208,6 +223,8 @@ pub struct Metrics {
     pub cert_not_after: Gauge,
     /// Certificate reloads by result.
     pub cert_reloads: Family<ResultLabel, Counter>,
+    /// Connections by the real client's network and result (bounded).
+    pub client_connections: ClientNetworks,
 }
 
 impl Default for Metrics {
@@ -234,6 +251,7 @@ impl Default for Metrics {
             cert_expiry: FloatGauge::default(),
             cert_not_after: Gauge::default(),
             cert_reloads: Family::default(),
+            client_connections: ClientNetworks::default(),
         };
         // Metrics are handles onto shared cells: the clones registered here
         // are the same series the fields update.
@@ -331,6 +349,11 @@ impl Default for Metrics {
             "certificate_reloads",
             "Certificate reloads by result",
             m.cert_reloads.clone(),
+        );
+        registry.register(
+            "client_connections",
+            "Connections by the client's /24 or /64 after PROXY protocol, and result",
+            m.client_connections.family(),
         );
         Metrics { registry, ..m }
     }

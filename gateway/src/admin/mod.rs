@@ -3,6 +3,7 @@
 //! HTTP port ([`server::AdminServer`]) that serves `/healthz`, `/readyz` and
 //! `/metrics`.
 
+pub mod client_networks;
 pub mod metrics;
 pub mod server;
 

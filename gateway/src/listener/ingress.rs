@@ -26,7 +26,7 @@ use super::{
     ActiveStream, Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, GuardedBody,
     Prefixed, idle,
 };
-use crate::admin::{Counter, Refusal};
+use crate::admin::Refusal;
 use crate::ingress::tls::ClientVerify;
 use crate::ingress::{ConnInfo, Ingress};
 use crate::tunnel::{self, ConnPeer, ControlSlot};
@@ -75,7 +75,7 @@ impl Connection {
             match tokio::time::timeout(self.settings.handshake_timeout, handshake).await {
                 Ok(Ok(done)) => done,
                 Ok(Err(e)) => {
-                    self.shared.stats.incr(Counter::HandshakeFailures);
+                    self.handshake_failed(remote);
                     tracing::info!(%remote, error = %e, "TLS handshake failed");
                     return;
                 }
@@ -84,7 +84,7 @@ impl Connection {
                     return self.refuse(Refusal::HandshakeTimeout, remote);
                 }
             };
-        self.shared.stats.metrics().handshake(true);
+        self.handshake_ok(remote);
         let Some(server) = server else {
             // Not an ingress name: today's agent connection.
             return self.serve_agent(Box::new(tls), remote).await;

@@ -3,7 +3,9 @@
 //! 1. a slot of `listener.maxConnections`, held until the connection ends;
 //! 2. with `listener.proxyProtocol`, the PROXY v1/v2 header ([`proxy_protocol`])
 //!    from a `trustedProxies` address ([`cidr`]) within its timeout; the client
-//!    address it names is the one logs use from then on ([`read_proxy_header`]);
+//!    address it names is the one logs use from then on ([`read_proxy_header`]),
+//!    and its network the one `client_connections_total` counts
+//!    ([`crate::admin::client_networks`]);
 //! 3. a token from the handshake bucket (`handshakesPerSecond`, reconnect
 //!    storms; past the burst a connection waits its turn for at most
 //!    `handshakeQueueSeconds`, then is refused), then mTLS with the
@@ -47,6 +49,7 @@ use self::cidr::Cidr;
 use self::limits::{Slots, TokenBucket};
 use self::prefixed::Prefixed;
 use self::proxy_protocol::{Parse, ProxyHeader};
+use crate::admin::metrics::ClientResult;
 use crate::admin::{Counter, Refusal};
 use crate::config::ListenerConfig;
 use crate::tls::ServerTls;
@@ -347,8 +350,30 @@ impl Drop for OpenGauge {
 
 impl Connection {
     fn refuse(&self, reason: Refusal, remote: SocketAddr) {
+        // Before the refusal, whose count wakes waiters.
+        self.count_client(remote, ClientResult::Refused);
         self.shared.stats.refuse(reason);
         tracing::warn!(%remote, peer = %self.remote, reason = reason.as_str(), "connection refused");
+    }
+
+    /// Counts the connection under its client's network: `remote` is the
+    /// address the PROXY header named once it has been read.
+    fn count_client(&self, remote: SocketAddr, result: ClientResult) {
+        let metrics = self.shared.stats.metrics();
+        metrics.client_connections.count(remote.ip(), result);
+    }
+
+    /// Counts a finished handshake, under the client's network too.
+    fn handshake_ok(&self, remote: SocketAddr) {
+        self.shared.stats.metrics().handshake(true);
+        self.count_client(remote, ClientResult::Accepted);
+    }
+
+    /// Counts a failed handshake (an auth failure), under the client's
+    /// network too.
+    fn handshake_failed(&self, remote: SocketAddr) {
+        self.count_client(remote, ClientResult::Refused);
+        self.shared.stats.incr(Counter::HandshakeFailures);
     }
 
     async fn serve(mut self, mut stream: TcpStream) {
@@ -399,6 +424,7 @@ impl Connection {
                 remote,
                 control: ControlSlot::default(),
             };
+            self.count_client(remote, ClientResult::Accepted);
             return self.serve_h2(stream, peer).await;
         };
         if !self.settings.admit_handshake().await {
@@ -413,7 +439,7 @@ impl Connection {
         let tls = match tokio::time::timeout(self.settings.handshake_timeout, handshake).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
-                self.shared.stats.incr(Counter::HandshakeFailures);
+                self.handshake_failed(remote);
                 tracing::warn!(%remote, error = %e, "TLS handshake failed");
                 return;
             }
@@ -422,7 +448,7 @@ impl Connection {
                 return self.refuse(Refusal::HandshakeTimeout, remote);
             }
         };
-        self.shared.stats.metrics().handshake(true);
+        self.handshake_ok(remote);
         // Boxed: the TLS state is moved through several futures, each of
         // which would otherwise keep room for it for the connection's life.
         self.serve_agent(Box::new(tls), remote).await;

@@ -179,6 +179,10 @@ pub trait Role: Send + 'static {
         true
     }
 
+    /// Server side: a stream the peer opened was answered `REFUSED_STREAM`
+    /// without being processed, for the refusal count.
+    fn refused(&mut self, _why: StreamRefused) {}
+
     /// What the connection's task should do now: drain, idle, age signals.
     /// Registers wakeups for the next one with `cx`.
     fn poll_signal(
@@ -191,6 +195,15 @@ pub trait Role: Send + 'static {
     /// What the other halves of this connection's streams are told when the
     /// connection (or one stream here) dies.
     fn failure(&self) -> Failure;
+}
+
+/// Why a stream was refused before it was processed (server side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRefused {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS streams were already open.
+    Limit,
+    /// It came after this side's GOAWAY.
+    GoingAway,
 }
 
 /// Why a connection ended.
@@ -719,13 +732,17 @@ where
                     return self.error(Reason::PROTOCOL_ERROR, "stream id not new or not odd");
                 }
                 self.last_peer_id = id;
-                if self.goaway_sent {
+                let refused = if self.goaway_sent {
                     // After GOAWAY, new streams are not processed (§6.8).
+                    Some(StreamRefused::GoingAway)
+                } else if self.streams.len() >= self.local.max_concurrent_streams as usize {
+                    Some(StreamRefused::Limit)
+                } else {
+                    None
+                };
+                if let Some(why) = refused {
                     frame::write_reset(self.link.lock().buf_mut(), id, Reason::REFUSED_STREAM);
-                    return;
-                }
-                if self.streams.len() >= self.local.max_concurrent_streams as usize {
-                    frame::write_reset(self.link.lock().buf_mut(), id, Reason::REFUSED_STREAM);
+                    self.role.refused(why);
                     return;
                 }
                 if !valid_fields(&fields, Side::Server, true) {

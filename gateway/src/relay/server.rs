@@ -30,7 +30,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use super::bridge::{self, Bridge};
-use super::conn::{Conn, ConnError, InStream, Local, Role, Signal, Target};
+use super::conn::{Conn, ConnError, InStream, Local, Role, Signal, StreamRefused, Target};
 use super::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
 use crate::admin::{Counter, Refusal};
 use crate::listener::limits::TokenBucket;
@@ -414,6 +414,13 @@ impl Role for AgentRole {
 
     fn peer_reset(&mut self) -> bool {
         self.resets.try_take(std::time::Instant::now())
+    }
+
+    fn refused(&mut self, why: StreamRefused) {
+        self.shared.stats.refuse(match why {
+            StreamRefused::Limit => Refusal::ConnectionStreams,
+            StreamRefused::GoingAway => Refusal::GoingAway,
+        });
     }
 
     fn poll_signal(

@@ -77,8 +77,10 @@ impl HelloService {
         for account in &request.accounts {
             let name = account.name.as_str();
             let refusal = if name.is_empty() {
+                shared.stats.refuse(Refusal::HelloInvalid);
                 Some("empty account name".to_owned())
             } else if !seen.insert(name) {
+                shared.stats.refuse(Refusal::HelloInvalid);
                 Some(format!("account {name} offered twice"))
             } else if !match &peer.bootstrap {
                 // A bootstrap JWT's accounts claim grants instead of the policy.

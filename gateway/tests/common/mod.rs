@@ -1,12 +1,13 @@
 //! Shared fixtures for the gateway's integration tests: the development PKI,
 //! a fake sidecar (a tonic `Tunnel` server over h2c or mTLS that records what
 //! reaches it), a gateway started from YAML, and agent channels over one
-//! dedicated TLS connection each.
+//! dedicated TLS connection each; the process's log lines captured in memory
+//! ([`capture_logs`]).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -575,4 +576,82 @@ pub async fn closed_by_peer<S: tokio::io::AsyncRead + Unpin>(tcp: &mut S) -> boo
             Ok(Ok(_)) => continue,
         }
     }
+}
+
+/// Everything logged in this test process since [`capture_logs`], and a
+/// signal bumped on every write.
+struct Captured {
+    text: Mutex<Vec<u8>>,
+    written: tokio::sync::watch::Sender<usize>,
+}
+
+static CAPTURED: OnceLock<Arc<Captured>> = OnceLock::new();
+
+/// One write of the subscriber into the buffer.
+struct CaptureWriter(Arc<Captured>);
+
+impl std::io::Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.text.lock().unwrap().extend_from_slice(buf);
+        self.0.written.send_modify(|n| *n += buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs, once per test process, a global subscriber that writes every
+/// event of every crate at TRACE, without colours or timestamps, into
+/// memory. nextest runs each test in a process of its own, so what
+/// [`logs`] returns is that test's; call this before starting the gateway.
+pub fn capture_logs() {
+    CAPTURED.get_or_init(|| {
+        let captured = Arc::new(Captured {
+            text: Mutex::new(Vec::new()),
+            written: tokio::sync::watch::Sender::new(0),
+        });
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || CaptureWriter(writer.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("another global subscriber is installed");
+        captured
+    });
+}
+
+/// The text captured so far (empty unless [`capture_logs`] ran).
+pub fn logs() -> String {
+    CAPTURED.get().map_or_else(String::new, |c| {
+        String::from_utf8_lossy(&c.text.lock().unwrap()).into_owned()
+    })
+}
+
+/// Waits (at most [`WAIT`]) for a captured line with every one of `parts`,
+/// and returns it; the panic shows what was captured.
+pub async fn wait_log_line(parts: &[&str]) -> String {
+    let captured = CAPTURED.get().expect("capture_logs() not called");
+    let mut written = captured.written.subscribe();
+    let find = || {
+        logs()
+            .lines()
+            .find(|line| parts.iter().all(|p| line.contains(p)))
+            .map(str::to_owned)
+    };
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(line) = find() {
+                return line;
+            }
+            // The sender lives in a static: `changed` cannot fail.
+            let _ = written.changed().await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("no log line with all of {parts:?} in:\n{}", logs()))
 }

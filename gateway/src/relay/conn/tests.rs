@@ -32,6 +32,7 @@ struct TestServer {
     sink: Arc<Recorder>,
     resets_allowed: u32,
     signal: Arc<Mutex<Signal>>,
+    refused: Arc<Mutex<Vec<StreamRefused>>>,
 }
 
 impl Role for TestServer {
@@ -53,6 +54,10 @@ impl Role for TestServer {
         }
         self.resets_allowed -= 1;
         true
+    }
+
+    fn refused(&mut self, why: StreamRefused) {
+        self.refused.lock().unwrap().push(why);
     }
 
     fn poll_signal(&mut self, _cx: &mut Context<'_>, _open: usize, _link: &Arc<Link>) -> Signal {
@@ -158,6 +163,8 @@ struct Server {
     sink: Arc<Recorder>,
     link: Arc<Link>,
     signal: Arc<Mutex<Signal>>,
+    /// What the role was told was refused.
+    refused: Arc<Mutex<Vec<StreamRefused>>>,
     task: JoinHandle<Result<(), ConnError>>,
 }
 
@@ -171,10 +178,12 @@ fn server(local: Local, resets_allowed: u32) -> Server {
         local.preamble(Side::Server),
         Encoder::new(0),
     );
+    let refused = Arc::new(Mutex::new(Vec::new()));
     let role = TestServer {
         sink: sink.clone(),
         resets_allowed,
         signal: signal.clone(),
+        refused: refused.clone(),
     };
     let conn_link = link.clone();
     let task = tokio::spawn(async move {
@@ -192,6 +201,7 @@ fn server(local: Local, resets_allowed: u32) -> Server {
         sink,
         link,
         signal,
+        refused,
         task,
     }
 }
@@ -401,6 +411,7 @@ async fn streams_past_the_limit_are_refused() {
         Reason::REFUSED_STREAM
     );
     assert_eq!(s.sink.headers.lock().unwrap().len(), 2);
+    assert_eq!(*s.refused.lock().unwrap(), [StreamRefused::Limit]);
 }
 
 #[tokio::test]
@@ -421,6 +432,7 @@ async fn after_goaway_new_streams_are_refused_and_the_connection_ends_when_idle(
     s.peer.open(3, false).await;
     let (h, _) = s.peer.next().await;
     assert_eq!((h.kind, h.stream), (kind::RST_STREAM, 3));
+    assert_eq!(*s.refused.lock().unwrap(), [StreamRefused::GoingAway]);
     // Stream 1 finishes both ways; then the connection ends.
     let mut out = BytesMut::new();
     write_data(&mut out, 1, b"", true);

@@ -1,0 +1,55 @@
+//! Channel tokens never reach the logs: with every crate logging at TRACE,
+//! a `Hello`, a renewal, a carried `Cache` stream and a stream refused for a
+//! forged token leave no token text in what was written.
+
+mod common;
+
+use common::*;
+use spinlink_proto::v1::CacheUp;
+use tonic::Code;
+
+#[tokio::test]
+async fn tokens_never_appear_in_logs() {
+    capture_logs();
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!("upstreams: [{{url: '{}'}}]\n", sidecar.url()),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&channel, "dev-1").await;
+    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    tx.send(CacheUp { seq: 2, msg: None }).await.unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 2);
+    // A renewal on the same connection: a second token.
+    let renewed = token_for(&channel, "dev-1").await;
+    assert_ne!(renewed, token);
+    // A forged token (one character changed) is refused, and not logged either.
+    let mut forged = renewed.clone().into_bytes();
+    forged[10] = if forged[10] == b'A' { b'B' } else { b'A' };
+    let forged = String::from_utf8(forged).unwrap();
+    let err = open_cache(&channel, |s| with_metadata(s, "dev-1", &forged))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+
+    // The capture works: the steps above were logged, with their context.
+    wait_log_line(&["tunnel::hello: hello ", "identity=", "granted=1"]).await;
+    wait_log_line(&["stream carried", "account=\"dev-1\""]).await;
+    wait_log_line(&["stream refused", "account=\"dev-1\""]).await;
+    // TRACE from the HTTP/2 and TLS layers was captured too.
+    let text = logs();
+    assert!(text.contains("TRACE"), "{text}");
+
+    for secret in [&token, &renewed, &forged] {
+        assert!(
+            !text.contains(secret.as_str()),
+            "token {secret} logged:\n{text}"
+        );
+    }
+}
