@@ -177,6 +177,10 @@ pub struct Metrics {
     pub auth_failures: Family<ReasonLabel, Counter>,
     /// Channel tokens issued by `Hello`.
     pub tokens_issued: Counter,
+    /// Channel tokens issued by a `Hello` for an account the connection
+    /// already held: the agent renewing before expiry. Also counted in
+    /// `tokens_issued`.
+    pub tokens_renewed: Counter,
     /// Refusals by reason.
     pub refusals: Family<ReasonLabel, Counter>,
     /// Streams carried, per upstream.
@@ -220,6 +224,7 @@ impl Default for Metrics {
             handshakes: Family::default(),
             auth_failures: Family::default(),
             tokens_issued: Counter::default(),
+            tokens_renewed: Counter::default(),
             refusals: Family::default(),
             streams: Family::default(),
             streams_open: Family::default(),
@@ -261,6 +266,11 @@ impl Default for Metrics {
             "tokens_issued",
             "Channel tokens issued",
             m.tokens_issued.clone(),
+        );
+        registry.register(
+            "tokens_renewed",
+            "Channel tokens issued for an account the connection already held",
+            m.tokens_renewed.clone(),
         );
         registry.register(
             "refusals",
