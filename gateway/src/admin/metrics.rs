@@ -106,7 +106,8 @@ pub enum AuthFailure {
     NoIdentity,
     /// A stream without a `spinlink-token` (or `spinlink-account`) header.
     TokenMissing,
-    /// A token that is not of this format.
+    /// A token that is not of this format (or of an unknown version), or a
+    /// stream with more than one token or account header.
     TokenMalformed,
     /// A token whose MAC does not match this connection, identity and account.
     TokenMismatch,
