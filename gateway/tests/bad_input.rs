@@ -83,27 +83,84 @@ async fn http1_inside_tls_is_a_protocol_error() {
     none_open(&gw).await;
 }
 
+/// 300 streams at once on one connection, most with forged tokens and
+/// every tenth a real one the agent abandons after its first answer: the
+/// forged ones are refused, and afterwards no stream is counted open on the
+/// sidecar and every one of the identity's stream slots is free again.
 #[tokio::test]
 async fn a_flood_of_bad_streams_is_refused_and_leaves_nothing() {
+    const SLOTS: usize = 8;
     let pki = pki();
-    let gw = gateway(&pki.pki, "listener:\n  maxConcurrentStreams: 32\n").await;
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!(
+            "upstreams: [{{url: '{}'}}]\n\
+             upstreamPool: {{healthCheck: {{intervalSeconds: 0}}}}\n\
+             listener:\n  maxConcurrentStreams: 32\n  maxStreamsPerIdentity: {SLOTS}\n",
+            sidecar.url()
+        ),
+    ))
+    .await;
     let a1 = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&a1, "dev-1").await;
     let flood: Vec<_> = (0..300)
         .map(|i| {
             let a1 = a1.clone();
+            let token = if i % 10 == 0 {
+                token.clone()
+            } else {
+                format!("forged-{i}")
+            };
             tokio::spawn(async move {
-                open_cache(&a1, |s| with_metadata(s, "dev-1", &format!("forged-{i}"))).await
+                let (tx, mut down) = open_cache(&a1, |s| with_metadata(s, "dev-1", &token)).await?;
+                next_ack(&mut down).await?;
+                // Abandoned: the agent resets it rather than closing it.
+                drop((tx, down));
+                Ok::<_, tonic::Status>(())
             })
         })
         .collect();
-    for stream in flood {
-        let status = stream.await.unwrap().unwrap_err();
-        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let (mut carried, mut busy) = (0, 0);
+    for (i, stream) in flood.into_iter().enumerate() {
+        match (i % 10 == 0, stream.await.unwrap()) {
+            (true, Ok(())) => carried += 1,
+            // More real streams at once than the identity has slots.
+            (true, Err(s)) if s.code() == tonic::Code::ResourceExhausted => busy += 1,
+            (false, Err(s)) => assert_eq!(s.code(), tonic::Code::Unauthenticated),
+            (real, other) => panic!("stream {i} (real: {real}): {other:?}"),
+        }
     }
-    assert_eq!(gw.stats.snapshot().streams_refused, 300);
-    assert_eq!(gw.stats.snapshot().streams_forwarded, 0);
+    assert!(carried >= 1);
+    assert_eq!(carried + busy, 30);
+    let stats = gw.stats.snapshot();
+    assert_eq!(
+        (stats.streams_refused, stats.streams_forwarded),
+        (270, carried)
+    );
+
+    eventually("the abandoned streams leave streams_open", || {
+        upstream_streams(&gw.stats, &sidecar.url()).0 == 0
+    })
+    .await;
+    // Every slot is free: the identity opens its full share at once.
+    let mut held = Vec::new();
+    for _ in 0..SLOTS {
+        // A slot left taken would refuse one of these.
+        held.push(acked_cache(&a1, "dev-1", &token).await);
+    }
+    let err = open_cache(&a1, |s| with_metadata(s, "dev-1", &token))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    drop(held);
+
     // The connection still serves, and closing it leaves nothing behind.
     hello(&a1, &["dev-1"]).await.unwrap();
     drop(a1);
     none_open(&gw).await;
+    eventually("the held streams leave streams_open", || {
+        upstream_streams(&gw.stats, &sidecar.url()).0 == 0
+    })
+    .await;
 }

@@ -6,11 +6,13 @@
 mod common;
 
 use common::*;
+use spinlink_gateway::admin::AuthFailure;
 use spinlink_proto::headers;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{CacheUp, RelayUp, relay_down};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
+use tonic::transport::Channel;
 
 /// Health checks off: these tests count the connections streams make.
 fn upstream_yaml(url: &str) -> String {
@@ -116,8 +118,73 @@ async fn cache_stream_reaches_mtls_upstream_as_the_gateway() {
     );
 }
 
-#[tokio::test]
-async fn token_from_another_connection_is_refused_before_upstream() {
+/// The two carried methods a channel token opens.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    Cache,
+    Relay,
+}
+
+/// Opens a `Relay` stream for `account` with `token`, its first message
+/// sent at once.
+async fn open_relay(
+    channel: &Channel,
+    account: &str,
+    token: &str,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<RelayUp>,
+        tonic::Streaming<spinlink_proto::v1::RelayDown>,
+    ),
+    tonic::Status,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(RelayUp { msg: None }).await.unwrap();
+    let down = TunnelClient::new(channel.clone())
+        .relay(with_metadata(ReceiverStream::new(rx), account, token))
+        .await?;
+    Ok((tx, down.into_inner()))
+}
+
+/// The `n`th heartbeat the fake sidecar answers a Relay message with.
+async fn next_relay_beat(
+    down: &mut tonic::Streaming<spinlink_proto::v1::RelayDown>,
+    n: i64,
+) -> Result<(), tonic::Status> {
+    let msg = tokio::time::timeout(WAIT, down.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("test wait"))??
+        .ok_or_else(|| tonic::Status::unknown("stream ended"))?;
+    match msg.msg {
+        Some(relay_down::Msg::Heartbeat(h)) => assert_eq!(h.unix_millis, n),
+        other => panic!("unexpected {other:?}"),
+    }
+    Ok(())
+}
+
+/// Opens a `method` stream and waits for the sidecar's first answer.
+async fn first_answer(
+    channel: &Channel,
+    method: Method,
+    account: &str,
+    token: &str,
+) -> Result<(), tonic::Status> {
+    match method {
+        Method::Cache => {
+            let (_tx, mut down) = open_cache(channel, |s| with_metadata(s, account, token)).await?;
+            assert_eq!(next_ack(&mut down).await?, 1);
+        }
+        Method::Relay => {
+            let (_tx, mut down) = open_relay(channel, account, token).await?;
+            next_relay_beat(&mut down, 1).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A token replayed on another connection of the same agent is refused
+/// before the sidecar is even dialled, and still works on its own.
+async fn token_from_another_connection(method: Method) {
     let pki = pki();
     let sidecar = FakeSidecar::plain().await;
     let gw = start_gateway(&tls_gateway_yaml(&pki.pki, &upstream_yaml(&sidecar.url()))).await;
@@ -125,21 +192,33 @@ async fn token_from_another_connection_is_refused_before_upstream() {
     let conn_b = agent_a1(gw.addr, &pki.pki).await;
     let token_a = token_for(&conn_a, "dev-1").await;
 
-    let err = open_cache(&conn_b, |s| with_metadata(s, "dev-1", &token_a))
+    let err = first_answer(&conn_b, method, "dev-1", &token_a)
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert_eq!(err.code(), Code::Unauthenticated, "{method:?}: {err:?}");
     assert!(err.message().contains("not valid"), "{err:?}");
     assert!(sidecar.streams().is_empty(), "upstream saw the stream");
     assert_eq!(sidecar.record.lock().unwrap().connections, 0);
     let stats = gw.stats.snapshot();
     assert_eq!((stats.streams_refused, stats.streams_forwarded), (1, 0));
+    let metrics = gw.stats.metrics();
+    assert_eq!(metrics.auth_failures(AuthFailure::TokenMismatch), 1);
 
     // The same token on its own connection is fine.
-    let (_tx, mut down) = open_cache(&conn_a, |s| with_metadata(s, "dev-1", &token_a))
+    first_answer(&conn_a, method, "dev-1", &token_a)
         .await
         .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    assert_eq!(sidecar.streams().len(), 1);
+}
+
+#[tokio::test]
+async fn token_from_another_connection_is_refused_before_upstream() {
+    token_from_another_connection(Method::Cache).await;
+}
+
+#[tokio::test]
+async fn relay_token_from_another_connection_is_refused_before_upstream() {
+    token_from_another_connection(Method::Relay).await;
 }
 
 #[tokio::test]
@@ -152,15 +231,19 @@ async fn token_for_another_account_missing_or_garbage_is_refused() {
     let token_dev1 = resp.granted[0].token.clone();
     assert_eq!(resp.granted[0].account, "dev-1");
 
+    let failures = |reason| gw.stats.metrics().auth_failures(reason);
+
     let err = open_cache(&channel, |s| with_metadata(s, "dev-2", &token_dev1))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert_eq!(failures(AuthFailure::TokenMismatch), 1);
 
     let err = open_cache(&channel, |s| with_metadata(s, "dev-1", "not-a-token"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert_eq!(failures(AuthFailure::TokenMalformed), 1);
 
     let err = open_cache(&channel, |s| {
         let mut r = tonic::Request::new(s);
@@ -172,6 +255,7 @@ async fn token_for_another_account_missing_or_garbage_is_refused() {
     .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(err.message().contains("spinlink-token"), "{err:?}");
+    assert_eq!(failures(AuthFailure::TokenMissing), 1);
 
     let err = open_cache(&channel, |s| {
         let mut r = tonic::Request::new(s);
@@ -183,6 +267,7 @@ async fn token_for_another_account_missing_or_garbage_is_refused() {
     .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(err.message().contains("spinlink-account"), "{err:?}");
+    assert_eq!(failures(AuthFailure::TokenMissing), 2);
 
     // A second account header riding along with a valid pair.
     let err = open_cache(&channel, |s| {
@@ -195,9 +280,96 @@ async fn token_for_another_account_missing_or_garbage_is_refused() {
     .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(err.message().contains("more than one"), "{err:?}");
+    assert_eq!(failures(AuthFailure::TokenMalformed), 2);
 
     assert!(sidecar.streams().is_empty());
     assert_eq!(gw.stats.snapshot().streams_refused, 5);
+    // Every refusal above was counted under exactly one reason.
+    assert_eq!(failures(AuthFailure::TokenExpired), 0);
+    let text = gw.stats.metrics().encode();
+    assert!(
+        text.contains("spinlink_gateway_auth_failures_total{reason=\"token_missing\"} 2"),
+        "{text}"
+    );
+}
+
+/// Waits until the wall clock, which token expiry is on, reaches Unix
+/// second `at`.
+async fn until_unix(at: i64) {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let at = UNIX_EPOCH + Duration::from_secs(u64::try_from(at).unwrap());
+    while let Ok(left) = at.duration_since(SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
+}
+
+/// The agent renews a channel token by calling `Hello` again on the same
+/// connection. During the overlap both tokens open streams; once the old one
+/// expires, a stream it opened earlier runs on, a new one it would open is
+/// refused, and the renewed token goes on working.
+#[tokio::test]
+async fn a_renewed_token_and_the_old_one_both_work() {
+    // Seconds: expiry has a resolution of one. The renewal waits half the
+    // lifetime so that each token is alone valid for seconds, not
+    // milliseconds, whatever the machine's load.
+    const TTL: i64 = 6;
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!("tokenTtlSeconds: {TTL}\n{}", upstream_yaml(&sidecar.url())),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let grant = |resp: spinlink_proto::v1::HelloResponse| {
+        assert!(resp.refused.is_empty(), "{:?}", resp.refused);
+        let [g] = <[_; 1]>::try_from(resp.granted).expect("one grant");
+        assert_eq!(g.account, "dev-1");
+        g
+    };
+    let first = grant(hello(&channel, &["dev-1"]).await.unwrap());
+    let (t1, t1_expiry) = (first.token, first.expires_at_unix);
+    let (tx1, mut down1) = acked_cache(&channel, "dev-1", &t1).await;
+
+    until_unix(t1_expiry - TTL / 2).await;
+    let second = grant(hello(&channel, &["dev-1"]).await.unwrap());
+    let (t2, t2_expiry) = (second.token, second.expires_at_unix);
+    assert_ne!(t1, t2);
+    assert!(t2_expiry > t1_expiry, "{t2_expiry} <= {t1_expiry}");
+    let metrics = gw.stats.metrics();
+    assert_eq!(metrics.tokens_issued.get(), 2);
+    assert_eq!(metrics.tokens_renewed.get(), 1);
+    let text = metrics.encode();
+    assert!(
+        text.contains("spinlink_gateway_tokens_renewed_total 1"),
+        "{text}"
+    );
+
+    // Rotation: either token opens a stream.
+    for token in [&t1, &t2] {
+        first_answer(&channel, Method::Cache, "dev-1", token)
+            .await
+            .unwrap();
+    }
+
+    until_unix(t1_expiry).await;
+    // The stream t1 opened is not dropped by its token's expiry.
+    tx1.send(CacheUp { seq: 2, msg: None }).await.unwrap();
+    assert_eq!(next_ack(&mut down1).await.unwrap(), 2);
+    // A new one it would open is.
+    let err = first_answer(&channel, Method::Cache, "dev-1", &t1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("expired"), "{err:?}");
+    assert_eq!(metrics.auth_failures(AuthFailure::TokenExpired), 1);
+    // The renewed token goes on.
+    first_answer(&channel, Method::Cache, "dev-1", &t2)
+        .await
+        .unwrap();
+    assert_eq!(sidecar.streams().len(), 4);
+    assert_eq!(metrics.tokens_issued.get(), 2);
+    assert_eq!(metrics.tokens_renewed.get(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,28 +406,11 @@ async fn many_concurrent_bidi_streams_share_one_connection_each_way() {
         let grant = resp.granted[i % resp.granted.len()].clone();
         let channel = channel.clone();
         tasks.spawn(async move {
-            let (tx, rx) = tokio::sync::mpsc::channel(4);
-            tx.send(RelayUp { msg: None }).await.unwrap();
-            let mut client = TunnelClient::new(channel);
-            let mut down = client
-                .relay(with_metadata(
-                    ReceiverStream::new(rx),
-                    &grant.account,
-                    &grant.token,
-                ))
+            let (tx, mut down) = open_relay(&channel, &grant.account, &grant.token)
                 .await
-                .unwrap()
-                .into_inner();
+                .unwrap();
             for n in 1..=MESSAGES as i64 {
-                let msg = tokio::time::timeout(WAIT, down.message())
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .unwrap();
-                match msg.msg {
-                    Some(relay_down::Msg::Heartbeat(h)) => assert_eq!(h.unix_millis, n),
-                    other => panic!("unexpected {other:?}"),
-                }
+                next_relay_beat(&mut down, n).await.unwrap();
                 tx.send(RelayUp { msg: None }).await.unwrap();
             }
         });

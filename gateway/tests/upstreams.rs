@@ -8,7 +8,9 @@ mod common;
 
 use common::*;
 use spinlink_gateway::upstream::Target;
+use spinlink_proto::v1::{CacheDown, CacheUp};
 use tonic::Code;
+use tonic::transport::Channel;
 
 fn yaml(urls: &[String], pool: &str) -> String {
     let list: Vec<String> = urls.iter().map(|u| format!("{{url: '{u}'}}")).collect();
@@ -20,8 +22,20 @@ fn dead_url() -> String {
     format!("http://{}", l.local_addr().unwrap())
 }
 
-#[tokio::test]
-async fn streams_of_a_removed_instance_end_unavailable_and_resume_on_the_new_owner() {
+/// Two sidecar instances behind a gateway, and agent a1 with a `dev-1`
+/// `Cache` stream open (its first message acked) on the one that owns it.
+struct OpenOnOne {
+    gw: RunningGateway,
+    channel: Channel,
+    token: String,
+    tx: tokio::sync::mpsc::Sender<CacheUp>,
+    down: tonic::Streaming<CacheDown>,
+    owner: FakeSidecar,
+    other: FakeSidecar,
+    _pki: Pki,
+}
+
+async fn open_on_one_of_two() -> OpenOnOne {
     let pki = pki();
     let a = FakeSidecar::plain().await;
     let b = FakeSidecar::plain().await;
@@ -32,12 +46,36 @@ async fn streams_of_a_removed_instance_end_unavailable_and_resume_on_the_new_own
     .await;
     let channel = agent_a1(gw.addr, &pki.pki).await;
     let token = token_for(&channel, "dev-1").await;
-    let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
-    let owner = gw.upstreams.assigned("dev-1").unwrap();
-    let (gone, stays) = if owner == a.url() { (&a, &b) } else { (&b, &a) };
+    let (tx, down) = acked_cache(&channel, "dev-1", &token).await;
+    let (owner, other) = if gw.upstreams.assigned("dev-1").unwrap() == a.url() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    OpenOnOne {
+        gw,
+        channel,
+        token,
+        tx,
+        down,
+        owner,
+        other,
+        _pki: pki,
+    }
+}
+
+#[tokio::test]
+async fn streams_of_a_removed_instance_end_unavailable_and_resume_on_the_new_owner() {
+    let OpenOnOne {
+        gw,
+        channel,
+        token,
+        tx: _tx,
+        mut down,
+        owner: gone,
+        other: stays,
+        ..
+    } = open_on_one_of_two().await;
     assert_eq!(gone.streams().len(), 1);
 
     // The owner leaves (as a DNS answer or EndpointSlice would say).
@@ -47,10 +85,7 @@ async fn streams_of_a_removed_instance_end_unavailable_and_resume_on_the_new_own
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
     // The agent reopens: same token, new owner.
-    let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let _reopened = acked_cache(&channel, "dev-1", &token).await;
     assert_eq!(gw.upstreams.assigned("dev-1").unwrap(), stays.url());
     assert_eq!(stays.streams().len(), 1);
     let metrics = gw.stats.metrics().encode();
@@ -58,6 +93,40 @@ async fn streams_of_a_removed_instance_end_unavailable_and_resume_on_the_new_own
         metrics.contains("spinlink_gateway_upstream_instances 1"),
         "{metrics}"
     );
+}
+
+/// `streams_open` and `streams_total` per instance: the stream counts on
+/// the instance that carries it, only there, and only while it is open.
+#[tokio::test]
+async fn streams_are_counted_on_the_instance_that_carries_them() {
+    let OpenOnOne {
+        gw,
+        tx,
+        mut down,
+        owner,
+        other,
+        ..
+    } = open_on_one_of_two().await;
+    let (owner, other) = (owner.url(), other.url());
+    assert_eq!(upstream_streams(&gw.stats, &owner), (1, 1));
+    assert_eq!(upstream_streams(&gw.stats, &other), (0, 0));
+    let text = gw.stats.metrics().encode();
+    assert!(
+        text.contains(&format!(
+            "spinlink_gateway_streams_open{{upstream=\"{owner}\"}} 1"
+        )),
+        "{text}"
+    );
+
+    // The agent ends the stream; the sidecar ends its side.
+    drop(tx);
+    let end = tokio::time::timeout(WAIT, down.message()).await.unwrap();
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    eventually("the closed stream leaves streams_open", || {
+        upstream_streams(&gw.stats, &owner) == (0, 1)
+    })
+    .await;
+    assert_eq!(upstream_streams(&gw.stats, &other), (0, 0));
 }
 
 #[tokio::test]
@@ -94,10 +163,7 @@ async fn health_checks_take_a_dead_instance_out_of_rotation() {
     for i in 0..8 {
         let account = format!("dev-{i}");
         let token = token_for(&channel, &account).await;
-        let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, &account, &token))
-            .await
-            .unwrap_or_else(|e| panic!("{account}: {e:?}"));
-        assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+        let _stream = acked_cache(&channel, &account, &token).await;
     }
     assert_eq!(live.streams().len(), 8);
 }

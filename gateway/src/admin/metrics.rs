@@ -121,7 +121,8 @@ pub enum AuthFailure {
     NoIdentity,
     /// A stream without a `spinlink-token` (or `spinlink-account`) header.
     TokenMissing,
-    /// A token that is not of this format.
+    /// A token that is not of this format (or of an unknown version), or a
+    /// stream with more than one token or account header.
     TokenMalformed,
     /// A token whose MAC does not match this connection, identity and account.
     TokenMismatch,
@@ -192,6 +193,10 @@ pub struct Metrics {
     pub auth_failures: Family<ReasonLabel, Counter>,
     /// Channel tokens issued by `Hello`.
     pub tokens_issued: Counter,
+    /// Channel tokens issued by a `Hello` for an account the connection
+    /// already held: the agent renewing before expiry. Also counted in
+    /// `tokens_issued`.
+    pub tokens_renewed: Counter,
     /// Refusals by reason.
     pub refusals: Family<ReasonLabel, Counter>,
     /// Streams carried, per upstream.
@@ -237,6 +242,7 @@ impl Default for Metrics {
             handshakes: Family::default(),
             auth_failures: Family::default(),
             tokens_issued: Counter::default(),
+            tokens_renewed: Counter::default(),
             refusals: Family::default(),
             streams: Family::default(),
             streams_open: Family::default(),
@@ -279,6 +285,11 @@ impl Default for Metrics {
             "tokens_issued",
             "Channel tokens issued",
             m.tokens_issued.clone(),
+        );
+        registry.register(
+            "tokens_renewed",
+            "Channel tokens issued for an account the connection already held",
+            m.tokens_renewed.clone(),
         );
         registry.register(
             "refusals",

@@ -20,6 +20,7 @@ pub struct Stats {
     handshake_failures: AtomicU64,
     connections_without_identity: AtomicU64,
     accounts_granted: AtomicU64,
+    accounts_renewed: AtomicU64,
     accounts_refused: AtomicU64,
     streams_refused: AtomicU64,
     streams_forwarded: AtomicU64,
@@ -40,6 +41,8 @@ pub struct StatsSnapshot {
     pub connections_without_identity: u64,
     /// Accounts granted a channel token by `Hello`.
     pub accounts_granted: u64,
+    /// Of those, accounts the connection already held (token renewals).
+    pub accounts_renewed: u64,
     /// Accounts refused by `Hello`.
     pub accounts_refused: u64,
     /// `Cache`/`Relay` streams refused for a missing or invalid token.
@@ -61,6 +64,8 @@ pub enum Counter {
     ConnectionsWithoutIdentity,
     /// See [`StatsSnapshot::accounts_granted`].
     AccountsGranted,
+    /// See [`StatsSnapshot::accounts_renewed`].
+    AccountsRenewed,
     /// See [`StatsSnapshot::accounts_refused`].
     AccountsRefused,
     /// See [`StatsSnapshot::streams_refused`].
@@ -78,6 +83,7 @@ impl Default for Stats {
             handshake_failures: AtomicU64::new(0),
             connections_without_identity: AtomicU64::new(0),
             accounts_granted: AtomicU64::new(0),
+            accounts_renewed: AtomicU64::new(0),
             accounts_refused: AtomicU64::new(0),
             streams_refused: AtomicU64::new(0),
             streams_forwarded: AtomicU64::new(0),
@@ -95,6 +101,7 @@ impl Stats {
             Counter::HandshakeFailures => &self.handshake_failures,
             Counter::ConnectionsWithoutIdentity => &self.connections_without_identity,
             Counter::AccountsGranted => &self.accounts_granted,
+            Counter::AccountsRenewed => &self.accounts_renewed,
             Counter::AccountsRefused => &self.accounts_refused,
             Counter::StreamsRefused => &self.streams_refused,
             Counter::StreamsForwarded => &self.streams_forwarded,
@@ -125,6 +132,7 @@ impl Stats {
                 0
             }
             Counter::AccountsGranted => m.tokens_issued.inc_by(n),
+            Counter::AccountsRenewed => m.tokens_renewed.inc_by(n),
             Counter::AccountsRefused
             | Counter::StreamsRefused
             | Counter::StreamsForwarded
@@ -181,6 +189,7 @@ impl Stats {
             handshake_failures: get(Counter::HandshakeFailures),
             connections_without_identity: get(Counter::ConnectionsWithoutIdentity),
             accounts_granted: get(Counter::AccountsGranted),
+            accounts_renewed: get(Counter::AccountsRenewed),
             accounts_refused: get(Counter::AccountsRefused),
             streams_refused: get(Counter::StreamsRefused),
             streams_forwarded: get(Counter::StreamsForwarded),

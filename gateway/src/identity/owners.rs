@@ -55,6 +55,15 @@ impl Owners {
     }
 }
 
+/// What [`ConnGrants::claim`] found on the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// The connection did not hold the account yet.
+    New,
+    /// The connection already held it: the agent is renewing its token.
+    Again,
+}
+
 /// The grants one connection holds; dropping it (when the connection ends)
 /// releases them.
 #[derive(Debug, Default)]
@@ -68,17 +77,17 @@ type Held = (Arc<Owners>, Vec<(String, Arc<str>)>);
 impl ConnGrants {
     /// Claims `account` for `identity` on this connection. `Err(owner)` when
     /// another identity owns it. Claiming again what the connection already
-    /// holds changes nothing.
+    /// holds changes nothing but says so ([`Claimed::Again`]).
     pub fn claim(
         &self,
         owners: &Arc<Owners>,
         account: &str,
         identity: &Arc<str>,
-    ) -> Result<(), Arc<str>> {
+    ) -> Result<Claimed, Arc<str>> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let (_, list) = held.get_or_insert_with(|| (owners.clone(), Vec::new()));
         if list.iter().any(|(a, i)| a == account && i == identity) {
-            return Ok(());
+            return Ok(Claimed::Again);
         }
         let mut table = owners.lock();
         match table.entry(account.to_owned()) {
@@ -97,7 +106,7 @@ impl ConnGrants {
             }
         }
         list.push((account.to_owned(), identity.clone()));
-        Ok(())
+        Ok(Claimed::New)
     }
 }
 
@@ -128,18 +137,19 @@ mod tests {
         let a1 = ConnGrants::default();
         let a2 = ConnGrants::default();
         let b1 = ConnGrants::default();
-        assert_eq!(a1.claim(&owners, "dev", &a), Ok(()));
-        // Again on the same connection: idempotent.
-        assert_eq!(a1.claim(&owners, "dev", &a), Ok(()));
-        // Same identity, second connection (make-before-break): fine.
-        assert_eq!(a2.claim(&owners, "dev", &a), Ok(()));
+        assert_eq!(a1.claim(&owners, "dev", &a), Ok(Claimed::New));
+        // Again on the same connection: idempotent, and a renewal.
+        assert_eq!(a1.claim(&owners, "dev", &a), Ok(Claimed::Again));
+        // Same identity, second connection (make-before-break): fine, and
+        // new for that connection.
+        assert_eq!(a2.claim(&owners, "dev", &a), Ok(Claimed::New));
         assert_eq!(b1.claim(&owners, "dev", &b), Err(a.clone()));
-        assert_eq!(b1.claim(&owners, "other", &b), Ok(()));
+        assert_eq!(b1.claim(&owners, "other", &b), Ok(Claimed::New));
         drop(a1);
         assert_eq!(b1.claim(&owners, "dev", &b), Err(a.clone()));
         drop(a2);
         assert_eq!(owners.owner("dev"), None);
-        assert_eq!(b1.claim(&owners, "dev", &b), Ok(()));
+        assert_eq!(b1.claim(&owners, "dev", &b), Ok(Claimed::New));
         assert_eq!(owners.owner("dev").as_deref(), Some(&*b));
         drop(b1);
         assert!(owners.is_empty());

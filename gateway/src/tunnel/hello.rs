@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::{ControlSlot, Shared};
 use crate::admin::{Counter, Refusal};
 use crate::identity::AgentPeer;
+use crate::identity::owners::Claimed;
 use crate::token::Claims;
 
 /// Most accounts one `Hello` may offer: a bound on the work one request makes.
@@ -74,6 +75,7 @@ impl HelloService {
             None => shared.token_ttl,
         };
         let mut seen = HashSet::new();
+        let mut renewed = 0;
         for account in &request.accounts {
             let name = account.name.as_str();
             let refusal = if name.is_empty() {
@@ -89,22 +91,30 @@ impl HelloService {
             } {
                 shared.stats.refuse(Refusal::Policy);
                 Some(format!("identity {identity} may not serve account {name}"))
-            } else if let Err(owner) = peer.grants.claim(&shared.owners, name, &peer.identity) {
-                shared.stats.refuse(Refusal::AccountOwned);
-                tracing::warn!(
-                    agent_id = %request.agent_id,
-                    identity,
-                    owner = &*owner,
-                    account = name,
-                    remote = %peer.remote,
-                    "account refused: already served by another identity"
-                );
-                // The owner is named in the log, not to the other agent.
-                Some(format!(
-                    "account {name} is already served by another identity on this gateway"
-                ))
             } else {
-                None
+                match peer.grants.claim(&shared.owners, name, &peer.identity) {
+                    Ok(claimed) => {
+                        // Granted on this connection before: the agent
+                        // renewing its token ahead of expiry.
+                        renewed += u64::from(claimed == Claimed::Again);
+                        None
+                    }
+                    Err(owner) => {
+                        shared.stats.refuse(Refusal::AccountOwned);
+                        tracing::warn!(
+                            agent_id = %request.agent_id,
+                            identity,
+                            owner = &*owner,
+                            account = name,
+                            remote = %peer.remote,
+                            "account refused: already served by another identity"
+                        );
+                        // The owner is named in the log, not to the other agent.
+                        Some(format!(
+                            "account {name} is already served by another identity on this gateway"
+                        ))
+                    }
+                }
             };
             if let Some(reason) = refusal {
                 tracing::warn!(
@@ -138,6 +148,7 @@ impl HelloService {
         shared
             .stats
             .add(Counter::AccountsGranted, response.granted.len() as u64);
+        shared.stats.add(Counter::AccountsRenewed, renewed);
         shared
             .stats
             .add(Counter::AccountsRefused, response.refused.len() as u64);
@@ -147,6 +158,7 @@ impl HelloService {
             identity,
             remote = %peer.remote,
             granted = response.granted.len(),
+            renewed,
             refused = response.refused.len(),
             "hello"
         );
@@ -357,6 +369,37 @@ mod tests {
         assert!(svc.shared.tokens.verify(&g.token, claims, now).is_ok());
         let stats = svc.shared.stats.snapshot();
         assert_eq!((stats.accounts_granted, stats.accounts_refused), (2, 3));
+    }
+
+    #[test]
+    fn granting_again_on_the_same_connection_is_a_renewal() {
+        let svc = service();
+        let peer = |binding: u8| AgentPeer {
+            identity: "spiffe://spinlink.dev/agent/a1".into(),
+            binding: ConnectionBinding([binding; 32]),
+            remote: "127.0.0.1:1".parse().unwrap(),
+            grants: Arc::default(),
+            bootstrap: None,
+            tokens: Arc::default(),
+        };
+        let (conn, other_conn) = (peer(1), peer(2));
+        let now = UNIX_EPOCH + Duration::from_secs(1_000);
+        let req = |names: &[&str]| HelloRequest {
+            accounts: names.iter().map(|n| account(n)).collect(),
+            ..HelloRequest::default()
+        };
+        let first = svc.answer(&conn, &req(&["dev-1"]), now).unwrap();
+        let later = now + Duration::from_secs(30);
+        let again = svc.answer(&conn, &req(&["dev-1", "dev-2"]), later).unwrap();
+        assert_eq!(again.granted.len(), 2);
+        assert_ne!(first.granted[0].token, again.granted[0].token);
+        // A make-before-break connection's first grant is not a renewal.
+        svc.answer(&other_conn, &req(&["dev-1"]), later).unwrap();
+        let stats = svc.shared.stats.snapshot();
+        assert_eq!((stats.accounts_granted, stats.accounts_renewed), (4, 1));
+        let metrics = svc.shared.stats.metrics();
+        assert_eq!(metrics.tokens_renewed.get(), 1);
+        assert_eq!(metrics.tokens_issued.get(), 4);
     }
 
     #[test]

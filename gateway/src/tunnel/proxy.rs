@@ -25,12 +25,12 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::{RequestHeaders, Shared, status};
-use crate::admin::{Counter, Refusal};
+use crate::admin::{AuthFailure, Counter, Refusal};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
 use crate::listener::limits::Slot;
 use crate::relay::bridge::{BridgeBody, BridgeError};
 use crate::relay::link::Fields;
-use crate::token::Claims;
+use crate::token::{Claims, Refused};
 use crate::upstream::{BoxError, Lease, Target};
 
 /// Headers that describe one hop, not the message, and are never forwarded.
@@ -74,6 +74,7 @@ pub fn admit_channel(
             return Err(refuse(
                 shared,
                 peer,
+                AuthFailure::TokenMalformed,
                 "",
                 method,
                 &format!("more than one {name} header"),
@@ -84,6 +85,7 @@ pub fn admit_channel(
         return Err(refuse(
             shared,
             peer,
+            AuthFailure::TokenMissing,
             "",
             method,
             "missing spinlink-account header",
@@ -93,6 +95,7 @@ pub fn admit_channel(
         return Err(refuse(
             shared,
             peer,
+            AuthFailure::TokenMissing,
             account,
             method,
             "missing spinlink-token header",
@@ -107,7 +110,19 @@ pub fn admit_channel(
         .tokens
         .verify(&shared.tokens, token, claims, SystemTime::now())
     {
-        return Err(refuse(shared, peer, account, method, &refused.to_string()));
+        let why = match refused {
+            Refused::Malformed | Refused::UnknownVersion => AuthFailure::TokenMalformed,
+            Refused::Mismatch => AuthFailure::TokenMismatch,
+            Refused::Expired => AuthFailure::TokenExpired,
+        };
+        return Err(refuse(
+            shared,
+            peer,
+            why,
+            account,
+            method,
+            &refused.to_string(),
+        ));
     }
     let slot = take_slot(shared, peer, account, method)?;
     Ok(Admitted {
@@ -335,7 +350,16 @@ where
     }
 }
 
-fn refuse(shared: &Shared, peer: &AgentPeer, account: &str, method: &str, reason: &str) -> Status {
+/// Refuses a channel stream as `Unauthenticated`, counted by `why`.
+fn refuse(
+    shared: &Shared,
+    peer: &AgentPeer,
+    why: AuthFailure,
+    account: &str,
+    method: &str,
+    reason: &str,
+) -> Status {
+    shared.stats.auth_failure(why);
     refuse_with(
         shared,
         peer,

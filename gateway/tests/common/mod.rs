@@ -483,6 +483,20 @@ pub async fn open_cache(
     Ok((tx, down.into_inner()))
 }
 
+/// A `Cache` stream for `account` with `token` whose first message the
+/// sidecar acked.
+pub async fn acked_cache(
+    channel: &Channel,
+    account: &str,
+    token: &str,
+) -> (mpsc::Sender<CacheUp>, Streaming<CacheDown>) {
+    let (tx, mut down) = open_cache(channel, |s| with_metadata(s, account, token))
+        .await
+        .unwrap_or_else(|e| panic!("{account}: {e:?}"));
+    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    (tx, down)
+}
+
 /// Reads the next message of a down stream as an ack number.
 pub async fn next_ack(down: &mut Streaming<CacheDown>) -> Result<u64, Status> {
     let msg = tokio::time::timeout(WAIT, down.message())
@@ -654,4 +668,29 @@ pub async fn wait_log_line(parts: &[&str]) -> String {
     })
     .await;
     found.unwrap_or_else(|_| panic!("no log line with all of {parts:?} in:\n{}", logs()))
+}
+
+/// Polls `done` every 10 ms until it holds, for state nothing signals (a
+/// gauge); panics naming `what` after [`WAIT`].
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let polled = tokio::time::timeout(WAIT, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(polled.is_ok(), "{what}: not within {WAIT:?}");
+}
+
+/// Streams open now and carried in all to the upstream `url`, as its
+/// `streams_open` and `streams_total` series say.
+pub fn upstream_streams(stats: &Stats, url: &str) -> (i64, u64) {
+    let label = spinlink_gateway::admin::metrics::UpstreamLabel {
+        upstream: url.to_owned(),
+    };
+    let m = stats.metrics();
+    (
+        m.streams_open.get(&label).map_or(0, |g| g.get()),
+        m.streams.get(&label).map_or(0, |c| c.get()),
+    )
 }
