@@ -326,12 +326,12 @@ where
         Ok(response) => {
             log_carried(shared, identity, &account, &method, upstream.target().url());
             let carried = instance.carried();
-            let down = shared.stats.metrics().bytes_counter(false);
+            // Sidecar → agent bytes are counted by the upstream connection
+            // that reads them.
             response.map(|body| {
                 Body::new(UpstreamBody {
                     inner: body,
                     failed: false,
-                    down,
                     _carried: carried,
                     _lease: lease,
                     _slot: admitted.slot,
@@ -504,8 +504,6 @@ pub fn upstream_fields(
 struct UpstreamBody {
     inner: BridgeBody,
     failed: bool,
-    /// Sidecar → agent bytes.
-    down: prometheus_client::metrics::counter::Counter,
     _carried: crate::upstream::Carried,
     _lease: Lease,
     _slot: Slot<std::sync::Arc<str>>,
@@ -523,12 +521,7 @@ impl http_body::Body for UpstreamBody {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.down.inc_by(data.len() as u64);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(Some(Err(e))) => {
                 self.failed = true;
                 tracing::info!(error = %e, "upstream stream broke");

@@ -160,14 +160,21 @@ impl HealthChecker {
         // An empty gRPC message: no compression flag, length 0.
         let body = Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]));
         let timeout = Duration::from_secs(self.config.timeout_seconds.max(1));
-        match tokio::time::timeout(timeout, upstream.send(fields, body)).await {
-            Ok(Ok(response)) => {
-                let ok = response.status() == http::StatusCode::OK;
+        // One bound over the head and the body: a sidecar that answers and
+        // never ends the stream fails its check instead of stalling the round.
+        let checked = tokio::time::timeout(timeout, async {
+            let response = upstream.send(fields, body).await?;
+            let status = response.status();
+            // Read to the end, so the stream closes cleanly.
+            let _ = response.into_body().collect().await;
+            Ok::<_, super::Error>(status)
+        });
+        match checked.await {
+            Ok(Ok(status)) => {
+                let ok = status == http::StatusCode::OK;
                 if !ok {
-                    tracing::debug!(upstream = target.url(), status = %response.status(), "health check failed");
+                    tracing::debug!(upstream = target.url(), %status, "health check failed");
                 }
-                // Read to the end, so the stream closes cleanly.
-                let _ = response.into_body().collect().await;
                 ok
             }
             Ok(Err(e)) => {
