@@ -84,7 +84,9 @@ impl ClientNetworks {
         let network = network_of(client);
         let client_network = {
             let mut tracked = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
-            if tracked.contains(&network) || tracked.len() < self.cap {
+            if tracked.contains(&network) {
+                network
+            } else if tracked.len() < self.cap {
                 tracked.insert(network.clone());
                 network
             } else {

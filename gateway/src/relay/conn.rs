@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use spinlink_http2::frame::{self, Frame, FrameError, HEAD_LEN, Head, Reason, Settings};
-use spinlink_http2::hpack::{self, Decoder};
+use spinlink_http2::hpack::Decoder;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
@@ -324,19 +324,9 @@ where
         self.closing.is_some()
     }
 
-    /// Streams open on the connection.
-    pub fn open_streams(&self) -> usize {
-        self.streams.len()
-    }
-
     /// Data bytes forwarded since the last call.
     pub fn take_forwarded(&mut self) -> u64 {
         std::mem::take(&mut self.forwarded)
-    }
-
-    /// The role, for its owner.
-    pub fn role_mut(&mut self) -> &mut R {
-        &mut self.role
     }
 
     fn error(&mut self, reason: Reason, why: &'static str) {
@@ -1117,9 +1107,6 @@ const TCHAR: [bool; 256] = {
     }
     t
 };
-
-/// The fields of `hpack` a decoder error maps to, for tests.
-pub type HpackError = hpack::DecodeError;
 
 #[cfg(test)]
 mod tests;

@@ -318,11 +318,6 @@ impl Link {
         !out.closed && !out.refusing && (out.streams.len() as u32) < out.max_streams
     }
 
-    /// Streams open for sending.
-    pub fn stream_count(&self) -> usize {
-        self.lock().streams.len()
-    }
-
     /// Marks the connection closed; returns every stream still open for
     /// sending, and every route not yet taken by the task, with whom to
     /// tell, so the caller can fail them.
@@ -388,16 +383,6 @@ impl Out {
             || !self.ended.is_empty()
             || !self.opened.is_empty()
             || self.fail_all.is_some()
-    }
-
-    /// Which side this is.
-    pub fn side(&self) -> Side {
-        self.side
-    }
-
-    /// Whether the connection was closed.
-    pub fn is_closed(&self) -> bool {
-        self.closed
     }
 
     /// Whether the connection takes no new streams (client side).

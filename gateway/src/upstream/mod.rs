@@ -21,7 +21,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use http::uri::{Authority, Scheme, Uri};
-use http_body_util::combinators::UnsyncBoxBody;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
@@ -39,8 +38,6 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An error type any body can report.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body of requests sent upstream.
-pub type RequestBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Why an upstream could not be parsed, reached or asked.
 #[derive(Debug, thiserror::Error)]
@@ -56,30 +53,6 @@ pub enum Error {
     /// The name to check the sidecar's certificate against is not valid.
     #[error("invalid TLS server name {0:?}")]
     InvalidServerName(String),
-    /// The TCP connection could not be made.
-    #[error("connecting to {url}: {source}")]
-    Connect {
-        /// The upstream.
-        url: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The TLS handshake failed.
-    #[error("TLS handshake with {url}: {source}")]
-    TlsHandshake {
-        /// The upstream.
-        url: String,
-        /// The I/O error (rustls errors come wrapped in one).
-        #[source]
-        source: std::io::Error,
-    },
-    /// Dialling took longer than [`DEFAULT_CONNECT_TIMEOUT`].
-    #[error("connecting to {url}: timed out")]
-    ConnectTimeout {
-        /// The upstream.
-        url: String,
-    },
     /// No pooled connection takes new streams.
     #[error("{url}: no connection takes new streams")]
     Unavailable {
@@ -343,7 +316,7 @@ impl Upstream {
     /// A connection that takes new streams: the next slot's, or a new one
     /// dialled in its place (the old one serves its open streams and closes
     /// when they are done).
-    pub fn link(&self) -> Arc<Link> {
+    fn link(&self) -> Arc<Link> {
         let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
         let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(link) = held.as_ref() {
@@ -412,13 +385,6 @@ impl Upstream {
                 url: self.target.url.clone(),
             });
         };
-        link.set_source(
-            id,
-            Route {
-                sink: bridge.clone(),
-                id: 0,
-            },
-        );
         let source = Route {
             sink: link.clone(),
             id,

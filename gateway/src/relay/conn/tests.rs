@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
 use spinlink_http2::frame::{flag, kind, write_data, write_headers, write_ping, write_reset};
-use spinlink_http2::hpack::Encoder;
+use spinlink_http2::hpack::{self, Encoder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::task::JoinHandle;
 
@@ -360,7 +360,7 @@ async fn data_past_the_stream_window_resets_the_stream_and_tells_the_other_side(
             break;
         }
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The failure is told before the RST_STREAM is written.
     assert_eq!(*s.sink.fails.lock().unwrap(), [(1, Failure::Cancel)]);
 }
 
@@ -388,8 +388,8 @@ async fn rapid_resets_close_the_connection() {
         write_reset(&mut out, id, Reason::CANCEL);
         s.peer.send(&out).await;
     }
+    // Each reset is told before the GOAWAY is written.
     assert_eq!(s.peer.goaway().await, Reason::ENHANCE_YOUR_CALM);
-    tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
         s.sink.fails.lock().unwrap().len(),
         4,
