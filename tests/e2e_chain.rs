@@ -251,17 +251,7 @@ fn agent_gateway_sidecar_kubectl() {
     }
     // The pod goes: its log ends, and so does kubectl.
     direct.ok(&["delete", "pod", &pod, "-n", "demo", "--wait=false"]);
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = follow.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < support::WAIT,
-            "kubectl logs -f did not end"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = support::wait_for("kubectl logs -f to end", || follow.try_wait().unwrap());
     assert!(status.success(), "{status:?}");
 
     // Secrets: listed, but never with their values.

@@ -45,10 +45,7 @@ async fn readiness_follows_the_listener_and_drain_signals_agents() {
         .unwrap()
         .into_inner();
     let token = token_for(&channel, "dev-1").await;
-    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (tx, mut down) = acked_cache(&channel, "dev-1", &token).await;
 
     let (status, metrics) = http_get(admin, "/metrics").await;
     assert_eq!(status, 200);

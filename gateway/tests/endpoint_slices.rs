@@ -90,10 +90,7 @@ async fn endpoint_slices_are_watched_and_a_gone_instance_hands_over() {
 
     let channel = agent_a1(gw.addr, &pki.pki).await;
     let token = token_for(&channel, "dev-1").await;
-    let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (_tx, mut down) = acked_cache(&channel, "dev-1", &token).await;
     let owner = gw.upstreams.assigned("dev-1").unwrap();
     let (gone_slice, stays) = if owner == a.url() {
         ("sidecar-a", &b)
@@ -106,10 +103,7 @@ async fn endpoint_slices_are_watched_and_a_gone_instance_hands_over() {
     wait_instances(&gw, 1).await;
     let err = next_ack(&mut down).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    let (_tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (_tx, _down) = acked_cache(&channel, "dev-1", &token).await;
     assert_eq!(gw.upstreams.assigned("dev-1").unwrap(), stays.url());
     stop.cancel();
 }

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::AuthFailure;
 use spinlink_tls::dev::{DevCa, Leaf};
 
 async fn hello_over(
@@ -79,32 +78,4 @@ async fn dev_ca_agent_is_accepted() {
         .unwrap()
         .unwrap();
     assert_eq!(gw.stats.snapshot().handshake_failures, 0);
-}
-
-#[tokio::test]
-async fn certificate_naming_no_accepted_identity_is_refused() {
-    let pki = pki();
-    let gw = start_gateway(&tls_gateway_yaml(
-        &pki.pki,
-        "upstreams: [{url: 'http://127.0.0.1:9'}]\nidentity: {sources: [dnsSan]}\n",
-    ))
-    .await;
-    // A valid certificate from the trusted CA, but its identity is in a URI
-    // SAN, which this gateway does not read.
-    let a1 = (pki.pki.cert("agent-a1"), pki.pki.key("agent-a1"));
-    let result = tokio::time::timeout(WAIT, hello_over(&gw, &pki.pki, Some((&a1.0, &a1.1)))).await;
-    assert!(
-        matches!(result, Ok(Err(_))),
-        "certificate without identity accepted: {result:?}"
-    );
-    let stats = tokio::time::timeout(
-        WAIT,
-        gw.stats.wait_for(|s| s.connections_without_identity >= 1),
-    )
-    .await
-    .unwrap();
-    assert_eq!((stats.handshake_failures, stats.accounts_granted), (0, 0));
-    let metrics = gw.stats.metrics();
-    assert_eq!(metrics.auth_failures(AuthFailure::NoIdentity), 1);
-    assert_eq!(metrics.auth_failures(AuthFailure::Handshake), 0);
 }

@@ -144,10 +144,7 @@ async fn agent_without_certificate_bootstraps_with_a_jwt() {
     );
     let token = resp.granted[0].token.clone();
 
-    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "boot-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (tx, _down) = acked_cache(&channel, "boot-1", &token).await;
     drop(tx);
     let streams = sidecar.streams();
     assert_eq!(streams.len(), 1);

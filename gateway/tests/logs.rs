@@ -20,10 +20,7 @@ async fn tokens_never_appear_in_logs() {
     .await;
     let channel = agent_a1(gw.addr, &pki.pki).await;
     let token = token_for(&channel, "dev-1").await;
-    let (tx, mut down) = open_cache(&channel, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (tx, mut down) = acked_cache(&channel, "dev-1", &token).await;
     tx.send(CacheUp { seq: 2, msg: None }).await.unwrap();
     assert_eq!(next_ack(&mut down).await.unwrap(), 2);
     // A renewal on the same connection: a second token.

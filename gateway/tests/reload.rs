@@ -117,10 +117,7 @@ async fn rotated_certificate_reaches_new_connections_and_old_ones_survive() {
     // A connection with a stream open across the rotation.
     let old = agent_a1(gw.addr, &pki.pki).await;
     let token = token_for(&old, "dev-1").await;
-    let (tx, mut down) = open_cache(&old, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (tx, mut down) = acked_cache(&old, "dev-1", &token).await;
 
     // Rotate: a new certificate and key from the same CA, valid for two days
     // instead of the first one's ninety, swapped in atomically.
@@ -230,10 +227,7 @@ async fn rotated_client_ca_decides_the_next_handshakes_and_old_streams_survive()
     // An old-CA agent with a stream open across the rotation.
     let old = agent_a1(gw.addr, &pki.pki).await;
     let token = token_for(&old, "dev-1").await;
-    let (tx, mut down) = open_cache(&old, |s| with_metadata(s, "dev-1", &token))
-        .await
-        .unwrap();
-    assert_eq!(next_ack(&mut down).await.unwrap(), 1);
+    let (tx, mut down) = acked_cache(&old, "dev-1", &token).await;
 
     // The bundle now holds the new CA only.
     publish(&mount, "..v2", &cert, &key, new_ca.cert_pem().as_bytes());

@@ -281,8 +281,29 @@ async fn answer(
     status: u32,
     body: &serde_json::Value,
 ) -> anyhow::Result<()> {
-    answer_timed(relay, method, status, body, chrono::TimeDelta::zero()).await?;
-    Ok(())
+    let id = next_request(relay, method).await?;
+    relay.send(head(id, status)).await?;
+    relay.send(chunk(id, &body.to_string(), true)).await
+}
+
+/// Takes the next relayed request, whole, after checking its method;
+/// returns its id.
+async fn next_request(relay: &mut RelayStream, method: &str) -> anyhow::Result<u64> {
+    let relay_down::Msg::Head(req) = relay.next().await? else {
+        anyhow::bail!("expected a request head");
+    };
+    assert_eq!(req.method, method);
+    if !req.end_stream {
+        // The request body, up to its end.
+        loop {
+            if let relay_down::Msg::Body(b) = relay.next().await?
+                && b.end_stream
+            {
+                break;
+            }
+        }
+    }
+    Ok(req.id)
 }
 
 /// How long the played agent works on a request it answers with its times:
@@ -299,24 +320,11 @@ async fn answer_timed(
     body: &serde_json::Value,
     agent_clock: chrono::TimeDelta,
 ) -> anyhow::Result<v1::AgentTiming> {
-    let relay_down::Msg::Head(req) = relay.next().await? else {
-        anyhow::bail!("expected a request head");
-    };
-    assert_eq!(req.method, method);
-    if !req.end_stream {
-        // The request body, up to its end.
-        loop {
-            if let relay_down::Msg::Body(b) = relay.next().await?
-                && b.end_stream
-            {
-                break;
-            }
-        }
-    }
+    let id = next_request(relay, method).await?;
     let now = || (chrono::Utc::now() + agent_clock).timestamp_micros();
     let started = now();
     tokio::time::sleep(AGENT_WORK).await;
-    let relay_up::Msg::Head(mut response) = head(req.id, status) else {
+    let relay_up::Msg::Head(mut response) = head(id, status) else {
         unreachable!("head() makes a head");
     };
     let timing = v1::AgentTiming {
@@ -325,7 +333,7 @@ async fn answer_timed(
     };
     response.timing = Some(timing);
     relay.send(relay_up::Msg::Head(response)).await?;
-    relay.send(chunk(req.id, &body.to_string(), true)).await?;
+    relay.send(chunk(id, &body.to_string(), true)).await?;
     Ok(timing)
 }
 
