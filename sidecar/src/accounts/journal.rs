@@ -13,12 +13,14 @@
 //! Recording never holds a request up: [`Journal::record`] queues the entry
 //! (a bounded queue; a full one drops it and counts
 //! `spinlink_sidecar_journal_dropped`) and [`Writer::run`] appends whatever
-//! is queued in one transaction, then prunes each account written to its
-//! newest `accounts.operationHistory` entries. [`Journal::operations`]
+//! is queued in one transaction, and prunes an account to its newest
+//! `accounts.operationHistory` entries once a quarter of that many more
+//! were written to it (reads take only the newest, so the few extra rows
+//! never show). [`Journal::operations`]
 //! first waits for what this sidecar queued, so a client reading the
 //! history after its own request sees it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -69,6 +71,9 @@ pub struct Writer {
     rx: mpsc::Receiver<Msg>,
     store: Store,
     keep: i64,
+    /// Entries written per account since its last prune; an account not
+    /// here is pruned at its first write (after a restart too).
+    unpruned: HashMap<String, i64>,
 }
 
 /// `s` cut to at most [`MAX_FIELD`] bytes, on a character boundary.
@@ -104,6 +109,7 @@ impl Journal {
             rx,
             store: store.clone(),
             keep: i64::try_from(keep).unwrap_or(i64::MAX),
+            unpruned: HashMap::new(),
         };
         let journal = Journal {
             tx,
@@ -219,10 +225,29 @@ impl Writer {
         if let Err(e) = self.store.journal(&batch).await {
             tracing::warn!(entries = batch.len(), error = %e, "journaling relayed operations failed");
         }
-        let accounts: BTreeSet<&str> = batch.iter().map(|e| e.account.as_str()).collect();
-        for account in accounts {
-            if let Err(e) = self.store.prune_journal(account, self.keep).await {
-                tracing::warn!(%account, error = %e, "pruning the journal failed");
+        let mut written: BTreeMap<&str, i64> = BTreeMap::new();
+        for e in &batch {
+            *written.entry(e.account.as_str()).or_default() += 1;
+        }
+        let every = (self.keep / 4).max(1);
+        for (account, n) in written {
+            let due = match self.unpruned.get_mut(account) {
+                Some(count) => {
+                    *count += n;
+                    *count >= every
+                }
+                None => true,
+            };
+            if !due {
+                continue;
+            }
+            match self.store.prune_journal(account, self.keep).await {
+                Ok(_) => {
+                    self.unpruned.insert(account.to_owned(), 0);
+                }
+                Err(e) => {
+                    tracing::warn!(%account, error = %e, "pruning the journal failed");
+                }
             }
         }
         for done in flushes {

@@ -226,6 +226,12 @@ impl CachedKind {
         }
     }
 
+    /// Whether an agent can resume this kind instead of listing it: it is
+    /// synced and has a resourceVersion to resume from.
+    pub fn resumable(&self) -> bool {
+        self.synced && !self.resource_version.is_empty()
+    }
+
     /// Whether watches of this kind can be served from the cache: it is
     /// synced and its resourceVersions are numbers.
     pub fn watchable(&self) -> bool {

@@ -61,8 +61,10 @@ enum Wish {
 struct Entry {
     account: Arc<Account>,
     wish: Wish,
-    /// The definition to register (with [`Wish::Registered`]).
-    body: Vec<u8>,
+    /// The namespaces of the definition to register (with
+    /// [`Wish::Registered`]); the definition is built from them only when a
+    /// call is made.
+    scope: NamespaceScope,
     /// What Clouddriver (and the directory) hold, as far as we know.
     done: Option<Wish>,
     /// Clouddriver holds a definition of ours for the account: a changed one
@@ -142,16 +144,10 @@ impl Registrar {
         } else {
             Wish::Deregistered
         };
-        let body = if registered {
-            let def = definition(
-                &self.shared.config,
-                &self.shared.facade_url,
-                account.name(),
-                &account.scope(),
-            );
-            serde_json::to_vec(&def).unwrap_or_default()
+        let scope = if registered {
+            account.scope()
         } else {
-            Vec::new()
+            NamespaceScope::default()
         };
         let mut entries = self
             .shared
@@ -159,14 +155,14 @@ impl Registrar {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match entries.get_mut(account.name()) {
-            Some(e) if e.wish == wish && (wish == Wish::Deregistered || e.body == body) => return,
+            Some(e) if e.wish == wish && (wish == Wish::Deregistered || e.scope == scope) => return,
             Some(e) => {
                 if e.wish == wish {
                     tracing::info!(account = account.name(), "account definition changed");
                     e.done = None;
                 }
                 e.wish = wish;
-                e.body = body;
+                e.scope = scope;
                 e.failures = 0;
                 e.next_try = None;
                 e.account = account.clone();
@@ -178,7 +174,7 @@ impl Registrar {
                     Entry {
                         account: account.clone(),
                         wish,
-                        body,
+                        scope,
                         done: None,
                         exists: false,
                         failures: 0,
@@ -273,7 +269,7 @@ struct Due {
     name: String,
     account: Arc<Account>,
     wish: Wish,
-    body: Vec<u8>,
+    scope: NamespaceScope,
     exists: bool,
 }
 
@@ -294,7 +290,7 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
                     name: n.clone(),
                     account: e.account.clone(),
                     wish: e.wish,
-                    body: e.body.clone(),
+                    scope: e.scope.clone(),
                     exists: e.exists,
                 })
                 .collect()
@@ -303,12 +299,16 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
             name,
             account,
             wish,
-            body,
+            scope,
             exists,
         } in due
         {
             let result = match wish {
-                Wish::Registered => register(&shared, &client, &name, body.clone(), exists).await,
+                Wish::Registered => {
+                    let def = definition(&shared.config, &shared.facade_url, &name, &scope);
+                    let body = serde_json::to_vec(&def).unwrap_or_default();
+                    register(&shared, &client, &name, body, exists).await
+                }
                 Wish::Deregistered => deregister(&shared, &client, &name).await,
             };
             let mut entries = shared
@@ -318,7 +318,7 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
             let Some(e) = entries.get_mut(&name) else {
                 continue;
             };
-            if e.wish != wish || e.body != body {
+            if e.wish != wish || e.scope != scope {
                 // The wish changed while the call ran; the next pass acts on it.
                 continue;
             }

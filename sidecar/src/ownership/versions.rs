@@ -31,7 +31,7 @@ pub fn held(account: &Account) -> BTreeMap<KindKey, String> {
     account
         .read_cache()
         .kinds()
-        .filter(|k| k.synced && !k.resource_version.is_empty())
+        .filter(|k| k.resumable())
         .map(|k| (KindKey::of(&k.info), k.resource_version.clone()))
         .collect()
 }

@@ -41,7 +41,7 @@ pub fn resume_from(account: &Account) -> v1::ResumeFrom {
     let cache = account.read_cache();
     let kinds: Vec<v1::KindVersion> = cache
         .kinds()
-        .filter(|k| k.synced && !k.resource_version.is_empty())
+        .filter(|k| k.resumable())
         .map(|k| v1::KindVersion {
             kind: Some(k.info.clone()),
             resource_version: k.resource_version.clone(),
