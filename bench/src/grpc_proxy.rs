@@ -297,37 +297,39 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     // spend, whatever the load generator and backend take of the machine.
     let mut bidi_cpu: Res = BTreeMap::new();
     let mut unary_cpu: Res = BTreeMap::new();
-    let cpu_per = |t: &Target, m: &mut Res, v: &anyhow::Result<f64>, before: f64| {
-        if let (Ok(rate), Some(_)) = (v, t.pid) {
-            let used = peers::cpu_seconds(&t.pids()) - before;
+    // CPU time is sampled at the edges of the measured window only, so the
+    // connects and the warm-up are not charged to the counted messages.
+    let cpu_per = |t: &Target, m: &mut Res, v: anyhow::Result<(f64, f64)>| {
+        v.map(|(rate, used)| {
             let messages = rate * opts.seconds;
-            if messages > 0.0 {
+            if t.pid.is_some() && messages > 0.0 {
                 m.entry(t.name).or_default().push(used / messages * 1e6);
             }
-        }
+            rate
+        })
     };
     each(&mut |t| {
-        let before = peers::cpu_seconds(&t.pids());
         let v = rt.block_on(bidi_rate(
             &t.dialer,
+            t.pids(),
             opts.bidi_conns,
             opts.bidi_streams,
             msg.clone(),
             secs,
         ));
-        cpu_per(t, &mut bidi_cpu, &v, before);
+        let v = cpu_per(t, &mut bidi_cpu, v);
         record(&mut bidi, t.name, v, "bidi");
     });
     each(&mut |t| {
-        let before = peers::cpu_seconds(&t.pids());
         let v = rt.block_on(unary_rate(
             &t.dialer,
+            t.pids(),
             opts.unary_conns,
             opts.unary_inflight,
             msg.clone(),
             secs,
         ));
-        cpu_per(t, &mut unary_cpu, &v, before);
+        let v = cpu_per(t, &mut unary_cpu, v);
         record(&mut unary, t.name, v, "unary");
     });
     each(
@@ -511,17 +513,20 @@ async fn connect_all(d: &Dialer, n: usize) -> anyhow::Result<Vec<Conn>> {
 }
 
 /// Messages/s echoed by `streams` ping-pong bidi streams over `conns`
-/// connections in `secs` (after a 1 s warm-up).
+/// connections in `secs` (after a 1 s warm-up), and the CPU seconds `pids`
+/// used in those `secs`.
 async fn bidi_rate(
     d: &Dialer,
+    pids: Vec<u32>,
     conns: usize,
     streams: usize,
     msg: Bytes,
     secs: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     let cs = connect_all(d, conns).await?;
     let start = Instant::now() + Duration::from_secs(1);
     let end = start + secs;
+    let cpu = cpu_between(pids, start, end);
     let mut tasks = Vec::new();
     for i in 0..streams {
         let mut c = cs[i % cs.len()].clone();
@@ -543,7 +548,18 @@ async fn bidi_rate(
             anyhow::Ok(n)
         }));
     }
-    join_counts(tasks, end, secs).await
+    let rate = join_counts(tasks, end, secs).await?;
+    Ok((rate, cpu.await?))
+}
+
+/// The CPU seconds `pids` use between `start` and `end`.
+fn cpu_between(pids: Vec<u32>, start: Instant, end: Instant) -> tokio::task::JoinHandle<f64> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(start.into()).await;
+        let before = peers::cpu_seconds(&pids);
+        tokio::time::sleep_until(end.into()).await;
+        peers::cpu_seconds(&pids) - before
+    })
 }
 
 async fn join_counts(
@@ -561,17 +577,20 @@ async fn join_counts(
     Ok(total as f64 / secs.as_secs_f64())
 }
 
-/// Unary requests/s with `inflight` callers over `conns` connections.
+/// Unary requests/s with `inflight` callers over `conns` connections, and
+/// the CPU seconds `pids` used while they were counted.
 async fn unary_rate(
     d: &Dialer,
+    pids: Vec<u32>,
     conns: usize,
     inflight: usize,
     msg: Bytes,
     secs: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     let cs = connect_all(d, conns).await?;
     let start = Instant::now() + Duration::from_secs(1);
     let end = start + secs;
+    let cpu = cpu_between(pids, start, end);
     let mut tasks = Vec::new();
     for i in 0..inflight {
         let mut c = cs[i % cs.len()].clone();
@@ -591,7 +610,8 @@ async fn unary_rate(
             anyhow::Ok(n)
         }));
     }
-    join_counts(tasks, end, secs).await
+    let rate = join_counts(tasks, end, secs).await?;
+    Ok((rate, cpu.await?))
 }
 
 /// p50 and p99 (ms) of `requests` unary calls one after another.
