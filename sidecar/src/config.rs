@@ -37,6 +37,16 @@ pub const DEFAULT_RETRY_MAX_MILLIS: u64 = 30_000;
 pub const DEFAULT_CLOUDDRIVER_TIMEOUT_SECS: u64 = 30;
 /// `cacheThreads` of registered accounts (Clouddriver's own default).
 pub const DEFAULT_CACHE_THREADS: u32 = 1;
+/// Default interval between asking Clouddriver whether a stored account is
+/// loaded (`clouddriver.liveCheckMillis`).
+pub const DEFAULT_LIVE_CHECK_MILLIS: u64 = 5_000;
+/// Default interval between re-checks of a registered account
+/// (`clouddriver.recheckSeconds`).
+pub const DEFAULT_RECHECK_SECS: u64 = 300;
+/// Default time a stored account may wait to be loaded before its state
+/// says why it is not (`clouddriver.liveTimeoutSeconds`): a few of the
+/// credentials poller's usual intervals.
+pub const DEFAULT_LIVE_TIMEOUT_SECS: u64 = 300;
 
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -259,11 +269,11 @@ impl Default for AccountsConfig {
 /// How accounts are made known to Clouddriver: through its account
 /// management API (`baseUrl`), as kubeconfig files in a directory Clouddriver
 /// reads (`kubeconfigDir`), or both.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct ClouddriverConfig {
     /// Clouddriver's base URL (`http://localhost:7002`); accounts are
-    /// registered with `POST {baseUrl}/credentials`.
+    /// registered with `PUT {baseUrl}/credentials`.
     pub base_url: Option<String>,
     /// A directory where one kubeconfig per account is written.
     pub kubeconfig_dir: Option<PathBuf>,
@@ -276,19 +286,44 @@ pub struct ClouddriverConfig {
     pub retry: RetryConfig,
     /// Seconds one Clouddriver call may take.
     pub request_timeout_seconds: u64,
-    /// The user named in `X-SPINNAKER-USER` on every call (Clouddriver's
-    /// account API requires an authenticated user when Fiat is on).
+    /// The user named in `X-SPINNAKER-USER` on every call. With Fiat on,
+    /// Clouddriver refuses calls without one (anonymous) and requires a Fiat
+    /// admin, or a user holding a role in `fiat.account.manager.roles` and
+    /// one of the definition's `WRITE` roles.
     pub user: Option<String>,
+    /// Milliseconds between asking Clouddriver (`GET
+    /// /credentials/{name}`) whether an account it stored is loaded yet.
+    pub live_check_millis: u64,
+    /// Seconds between re-checks of a registered account: one that
+    /// Clouddriver no longer serves (deleted, or replaced) is written again.
+    pub recheck_seconds: u64,
+    /// Seconds an account may be stored but not loaded before its state
+    /// says so as an error (Clouddriver's credentials poller is off, or it
+    /// refused the definition when loading it).
+    pub live_timeout_seconds: u64,
+}
+
+impl Default for ClouddriverConfig {
+    fn default() -> Self {
+        Self {
+            base_url: None,
+            kubeconfig_dir: None,
+            facade_url: None,
+            account: ClouddriverAccountConfig::default(),
+            retry: RetryConfig::default(),
+            request_timeout_seconds: DEFAULT_CLOUDDRIVER_TIMEOUT_SECS,
+            user: None,
+            live_check_millis: DEFAULT_LIVE_CHECK_MILLIS,
+            recheck_seconds: DEFAULT_RECHECK_SECS,
+            live_timeout_seconds: DEFAULT_LIVE_TIMEOUT_SECS,
+        }
+    }
 }
 
 impl ClouddriverConfig {
-    /// The call timeout, with the default when unset.
+    /// The call timeout.
     pub fn request_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(if self.request_timeout_seconds == 0 {
-            DEFAULT_CLOUDDRIVER_TIMEOUT_SECS
-        } else {
-            self.request_timeout_seconds
-        })
+        std::time::Duration::from_secs(self.request_timeout_seconds)
     }
 }
 
@@ -476,6 +511,27 @@ impl Config {
                 return Err(invalid(
                     "clouddriver.account.cacheThreads",
                     "must be at least 1",
+                ));
+            }
+            for (key, value) in [
+                (
+                    "clouddriver.requestTimeoutSeconds",
+                    cd.request_timeout_seconds,
+                ),
+                ("clouddriver.liveCheckMillis", cd.live_check_millis),
+                ("clouddriver.recheckSeconds", cd.recheck_seconds),
+                ("clouddriver.liveTimeoutSeconds", cd.live_timeout_seconds),
+            ] {
+                if value == 0 {
+                    return Err(invalid(key, "must be at least 1"));
+                }
+            }
+            if let Some(user) = &cd.user
+                && (user.is_empty() || http::HeaderValue::from_str(user).is_err())
+            {
+                return Err(invalid(
+                    "clouddriver.user",
+                    "must be a non-empty header value (no control characters)",
                 ));
             }
             if cd.retry.initial_millis == 0 || cd.retry.max_millis < cd.retry.initial_millis {

@@ -281,7 +281,12 @@ impl Sidecar {
             streams.clone(),
         ));
         let registrar = self.config.clouddriver.clone().map(|cd| {
-            clouddriver::Registrar::start(cd, &facade_url(self.facade_addr), metrics.clone())
+            clouddriver::Registrar::start(
+                cd,
+                &facade_url(self.facade_addr),
+                Some(ownership.clone()),
+                metrics.clone(),
+            )
         });
         let lifecycle = tokio::spawn(
             accounts::lifecycle::Lifecycle::new(

@@ -51,6 +51,7 @@ struct Inner {
     requests: Family<Labels, Counter>,
     relay_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     registrations: Family<Labels, Counter>,
+    registration_failures: Family<Labels, Counter>,
     objects: Family<Labels, Gauge>,
     cache_bytes: Family<Labels, Gauge>,
     state: Family<Labels, Gauge>,
@@ -109,6 +110,12 @@ impl Metrics {
             "registrations",
             "Account registration calls by target (clouddriver, kubeconfig), operation and outcome",
             registrations.clone(),
+        );
+        let registration_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "registration_failures",
+            "Failed Clouddriver registration steps by reason (storage_disabled, forbidden, unreadable, not_loaded, ...)",
+            registration_failures.clone(),
         );
         let objects = Family::<Labels, Gauge>::default();
         registry.register(
@@ -183,6 +190,7 @@ impl Metrics {
                 requests,
                 relay_seconds,
                 registrations,
+                registration_failures,
                 objects,
                 cache_bytes,
                 state,
@@ -261,6 +269,14 @@ impl Metrics {
             .relay_seconds
             .get_or_create(&vec![("account".to_owned(), account.to_owned())])
             .observe(seconds);
+    }
+
+    /// Counts one failed registration step by its reason.
+    pub fn registration_failure(&self, reason: &str) {
+        self.inner
+            .registration_failures
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
     }
 
     /// Counts one registration call.

@@ -87,17 +87,44 @@ pub struct KindStatus {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Registration {
-    /// `disabled` (no `clouddriver` config), `pending`, `registered`,
-    /// `retrying`, `deregistered`.
+    /// Empty without a `clouddriver` config; else `pending` (a call is due),
+    /// `stored` (Clouddriver stored the definition but has not loaded it
+    /// yet), `registered` (stored and loaded: Clouddriver serves it),
+    /// `retrying` (the last call failed), `elsewhere` (another sidecar holds
+    /// the account and owns its registration), `deregistered`.
     pub state: String,
+    /// Clouddriver's account storage holds this sidecar's definition (as of
+    /// the last call).
+    pub stored: bool,
+    /// Clouddriver has loaded it: `GET /credentials/{name}` answers with it.
+    pub live: bool,
     /// Failed attempts since the last success.
     pub failures: u32,
-    /// The last failure, if the last attempt failed.
+    /// Why the last attempt failed (`unreachable`, `timeout`, `unavailable`,
+    /// `server_error`, `storage_disabled`, `unreadable`, `forbidden`,
+    /// `permissions`, `store_error`, `no_account_api`, `rejected`,
+    /// `not_loaded`, `file`), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The last failure in words, if the last attempt failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// When the state last changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub updated: Option<DateTime<Utc>>,
+}
+
+/// What one registration step found, for [`Account::set_registration`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistrationUpdate {
+    /// The new state (see [`Registration::state`]).
+    pub state: &'static str,
+    /// Clouddriver stores the definition.
+    pub stored: bool,
+    /// Clouddriver serves the account.
+    pub live: bool,
+    /// A failure: its reason and its message.
+    pub error: Option<(&'static str, String)>,
 }
 
 /// An account's state, as the accounts API shows it.
@@ -598,17 +625,22 @@ impl Account {
         true
     }
 
-    /// Records the registration state.
-    pub fn set_registration(&self, state: &str, error: Option<String>) {
+    /// Records the registration state. A failure counts towards
+    /// [`Registration::failures`]; anything else resets it.
+    pub fn set_registration(&self, update: RegistrationUpdate) {
         let mut s = lock(&self.state);
         let r = &mut s.registration;
-        if error.is_some() {
+        if update.error.is_some() {
             r.failures = r.failures.saturating_add(1);
         } else {
             r.failures = 0;
         }
-        state.clone_into(&mut r.state);
-        r.last_error = error;
+        update.state.clone_into(&mut r.state);
+        r.stored = update.stored;
+        r.live = update.live;
+        let (reason, message) = update.error.unzip();
+        r.reason = reason.map(str::to_owned);
+        r.last_error = message;
         r.updated = Some(Utc::now());
     }
 

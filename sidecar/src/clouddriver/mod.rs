@@ -1,18 +1,36 @@
-//! Making accounts known to Clouddriver. When an account comes online the
-//! sidecar registers it through Clouddriver's account management API
-//! (`POST {baseUrl}/credentials`, `PUT` when it already exists there) as a
-//! `kubernetes` account whose `kubeconfigContents` points at this sidecar's
-//! facade, limited to the namespaces its agent watches; when that definition
-//! changes (the agent watches other namespaces) it is `PUT` again. When the
-//! account is removed after its grace period it is
-//! deregistered (`DELETE {baseUrl}/credentials/{name}`). For Clouddriver
-//! without that API, one kubeconfig file per account is written to (and
-//! removed from) `kubeconfigDir`. Start with [`Registrar`].
+//! Making accounts known to Clouddriver, as its source implements the
+//! account management API (clouddriver-web `CredentialsController`,
+//! clouddriver-core `AccountDefinitionService`). Start with [`Registrar`].
+//!
+//! For an online account the sidecar writes a `kubernetes` definition
+//! ([`definition`]) whose `kubeconfigContents` points at its facade with
+//! `PUT {baseUrl}/credentials` — the upsert (`saveAccount`); `POST` only
+//! creates, and answers 400 for a name Clouddriver already has. A 200 means
+//! *stored*: Clouddriver loads stored accounts at start-up and at each
+//! reload of its credentials poller (kork `BasicCredentialsLoader`,
+//! `PollerConfiguration`), so the account is called registered only once
+//! `GET {baseUrl}/credentials/{name}` — which answers from the *loaded*
+//! accounts (`AccountCredentialsProvider`) — shows it, loaded from this
+//! definition ([`definition::loaded_from`]). A registered account is
+//! re-checked now and then, and written again if Clouddriver lost it.
+//!
+//! Several sidecars share Clouddriver's one account store, so each
+//! account's registration has one owner: the sidecar holding its lease
+//! ([`crate::ownership`]). Only it writes the definition; a sidecar whose
+//! account went away deletes it (`DELETE {baseUrl}/credentials/{name}`)
+//! only after taking the lease itself — never while another sidecar
+//! serves the account, so a handover never removes a live account.
+//!
+//! For Clouddriver without that API, one kubeconfig file per account is
+//! written to (and removed from) `kubeconfigDir`.
 //!
 //! Calls are made by one worker task, level-triggered: [`Registrar::want`]
 //! records what should be true of an account and wakes the worker, which
 //! retries a failing call with exponential backoff and full jitter until it
 //! succeeds or the wish changes. Kubeconfig contents never reach logs.
+
+mod answer;
+mod definition;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,20 +39,24 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rand::Rng;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::{Account, NamespaceScope};
+pub use answer::CallError;
+pub use definition::{definition, kubeconfig};
+
+use crate::accounts::{Account, NamespaceScope, RegistrationUpdate};
 use crate::config::ClouddriverConfig;
 use crate::metrics::Metrics;
+use crate::ownership::{Deregistration, Ownership};
 
 /// The account type discriminator of Clouddriver's Kubernetes accounts.
 pub const ACCOUNT_TYPE: &str = "kubernetes";
@@ -47,14 +69,28 @@ pub const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUM
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
-/// Longest Clouddriver error body kept for the accounts API.
-const ERROR_BODY_LIMIT: usize = 512;
+/// Longest Clouddriver answer read: error bodies are small, and one loaded
+/// account renders in a few KiB.
+const BODY_LIMIT: usize = 1 << 20;
 
 /// What should be true of an account in Clouddriver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wish {
     Registered,
     Deregistered,
+}
+
+/// Where an account's registration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A write (or, for [`Wish::Deregistered`], the delete) is due.
+    Write,
+    /// Stored since the instant given; waiting for Clouddriver to load it.
+    Confirm(Instant),
+    /// Loaded: re-checked now and then.
+    Live,
+    /// Nothing more to do.
+    Done,
 }
 
 #[derive(Debug)]
@@ -65,11 +101,9 @@ struct Entry {
     /// [`Wish::Registered`]); the definition is built from them only when a
     /// call is made.
     scope: NamespaceScope,
-    /// What Clouddriver (and the directory) hold, as far as we know.
-    done: Option<Wish>,
-    /// Clouddriver holds a definition of ours for the account: a changed one
-    /// is put over it at once, with no `POST` first.
-    exists: bool,
+    step: Step,
+    stored: bool,
+    live: bool,
     failures: u32,
     next_try: Option<Instant>,
 }
@@ -78,9 +112,11 @@ struct Entry {
 struct Shared {
     config: ClouddriverConfig,
     facade_url: String,
+    ownership: Option<Arc<Ownership>>,
     entries: Mutex<BTreeMap<String, Entry>>,
     wake: Notify,
     metrics: Metrics,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 /// Registers and deregisters accounts with Clouddriver.
@@ -91,27 +127,17 @@ pub struct Registrar {
     worker: JoinHandle<()>,
 }
 
-/// Why one call failed.
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    #[error("Clouddriver answered {status}: {body}")]
-    Status { status: StatusCode, body: String },
-    #[error("Clouddriver unreachable: {0}")]
-    Transport(String),
-    #[error("no answer from Clouddriver within {0:?}")]
-    Timeout(Duration),
-    #[error("kubeconfig file {path}: {source}")]
-    File {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 impl Registrar {
     /// Starts the worker. `facade_url` is the facade's base URL as
     /// Clouddriver reaches it (`clouddriver.facadeUrl` wins when set).
-    pub fn start(config: ClouddriverConfig, facade_url: &str, metrics: Metrics) -> Self {
+    /// With `ownership`, only the holder of an account's lease writes its
+    /// definition and a definition is deleted only under the lease.
+    pub fn start(
+        config: ClouddriverConfig,
+        facade_url: &str,
+        ownership: Option<Arc<Ownership>>,
+        metrics: Metrics,
+    ) -> Self {
         let facade_url = config
             .facade_url
             .clone()
@@ -121,9 +147,11 @@ impl Registrar {
         let shared = Arc::new(Shared {
             config,
             facade_url,
+            ownership,
             entries: Mutex::default(),
             wake: Notify::new(),
             metrics,
+            client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let stop = CancellationToken::new();
         let worker = tokio::spawn(work(shared.clone(), stop.clone()));
@@ -136,8 +164,9 @@ impl Registrar {
 
     /// Records that `account` should be registered (`true`) or not, with
     /// the definition it has now ([`definition`]; it follows the namespaces
-    /// its agent watches). Idempotent: wishing what is already done makes no
-    /// call; a registered account whose definition changed is put again.
+    /// its agent watches). Idempotent: wishing what is already wished makes
+    /// no call; a registered account whose definition changed is written
+    /// again.
     pub fn want(&self, account: &Arc<Account>, registered: bool) {
         let wish = if registered {
             Wish::Registered
@@ -154,18 +183,19 @@ impl Registrar {
             .entries
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match entries.get_mut(account.name()) {
+        let (stored, live) = match entries.get_mut(account.name()) {
             Some(e) if e.wish == wish && (wish == Wish::Deregistered || e.scope == scope) => return,
             Some(e) => {
                 if e.wish == wish {
                     tracing::info!(account = account.name(), "account definition changed");
-                    e.done = None;
                 }
                 e.wish = wish;
                 e.scope = scope;
+                e.step = Step::Write;
                 e.failures = 0;
                 e.next_try = None;
                 e.account = account.clone();
+                (e.stored, e.live)
             }
             None if wish == Wish::Deregistered => return,
             None => {
@@ -175,15 +205,22 @@ impl Registrar {
                         account: account.clone(),
                         wish,
                         scope,
-                        done: None,
-                        exists: false,
+                        step: Step::Write,
+                        stored: false,
+                        live: false,
                         failures: 0,
                         next_try: None,
                     },
                 );
+                (false, false)
             }
-        }
-        account.set_registration("pending", None);
+        };
+        account.set_registration(RegistrationUpdate {
+            state: "pending",
+            stored,
+            live,
+            error: None,
+        });
         drop(entries);
         self.shared.wake.notify_one();
     }
@@ -196,63 +233,6 @@ impl Registrar {
     }
 }
 
-/// The kubeconfig Clouddriver's kubectl uses for `account`: one cluster at
-/// the facade's base path for the account, no credentials (the facade
-/// listens on loopback beside Clouddriver).
-pub fn kubeconfig(facade_url: &str, account: &str) -> String {
-    let server = format!(
-        "{}/accounts/{}",
-        facade_url.trim_end_matches('/'),
-        percent_encoding::utf8_percent_encode(account, SEGMENT)
-    );
-    let doc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": account, "cluster": {"server": server}}],
-        "users": [{"name": "spinlink", "user": {}}],
-        "contexts": [{"name": account, "context": {"cluster": account, "user": "spinlink"}}],
-        "current-context": account,
-    });
-    serde_norway::to_string(&doc).unwrap_or_default()
-}
-
-/// The body of `POST`/`PUT {baseUrl}/credentials` for `account`, whose
-/// agent watches `scope`: those namespaces, when it names any, else the
-/// configured ones (`clouddriver.account.namespaces`).
-pub fn definition(
-    config: &ClouddriverConfig,
-    facade_url: &str,
-    account: &str,
-    scope: &NamespaceScope,
-) -> Value {
-    let a = &config.account;
-    let mut def = json!({
-        "@type": ACCOUNT_TYPE,
-        "name": account,
-        "kubeconfigContents": kubeconfig(facade_url, account),
-        "context": account,
-        "onlySpinnakerManaged": a.only_spinnaker_managed,
-        "cacheThreads": a.cache_threads,
-        // Discovery decides the kinds; the facade serves them all.
-        "checkPermissionsOnStartup": false,
-    });
-    if let Some(env) = &a.environment {
-        def["environment"] = json!(env);
-    }
-    if !scope.namespaces.is_empty() {
-        def["namespaces"] = json!(scope.namespaces);
-    } else if !a.namespaces.is_empty() {
-        def["namespaces"] = json!(a.namespaces);
-    }
-    if !scope.omit_namespaces.is_empty() {
-        def["omitNamespaces"] = json!(scope.omit_namespaces);
-    }
-    if !a.permissions.is_empty() {
-        def["permissions"] = json!(a.permissions);
-    }
-    def
-}
-
 fn backoff(config: &ClouddriverConfig, failures: u32) -> Duration {
     let initial = config.retry.initial_millis.max(1);
     let cap = config
@@ -263,19 +243,36 @@ fn backoff(config: &ClouddriverConfig, failures: u32) -> Duration {
     Duration::from_millis(rand::rng().random_range(initial / 2..=cap.max(initial / 2)))
 }
 
-/// One call to make, taken from an [`Entry`] so the lock is not held
-/// across it.
+/// One step to take, copied out of an [`Entry`] so the lock is not held
+/// across its calls.
 struct Due {
     name: String,
-    account: Arc<Account>,
     wish: Wish,
     scope: NamespaceScope,
-    exists: bool,
+    step: Step,
+}
+
+/// What a step found.
+enum Outcome {
+    /// The definition is stored; confirm it is loaded next.
+    Stored,
+    /// Stored, not loaded yet (or loaded from another definition).
+    NotLoaded,
+    /// Loaded from this definition (or written as a file): registered.
+    Live,
+    /// Clouddriver no longer serves the registered account: write it again.
+    Lost,
+    /// Another sidecar holds the account: it owns the registration.
+    Elsewhere,
+    /// Deleted (or never there).
+    Deregistered,
+    /// Another sidecar held the account last; its grace period runs until
+    /// then: it deletes the definition itself, or, if it died, this one
+    /// does then.
+    NotBefore(Instant),
 }
 
 async fn work(shared: Arc<Shared>, stop: CancellationToken) {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
     loop {
         let now = Instant::now();
         let due: Vec<Due> = {
@@ -285,68 +282,21 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
                 .unwrap_or_else(PoisonError::into_inner);
             entries
                 .iter()
-                .filter(|(_, e)| e.done != Some(e.wish) && e.next_try.is_none_or(|t| t <= now))
+                .filter(|(_, e)| e.step != Step::Done && e.next_try.is_none_or(|t| t <= now))
                 .map(|(n, e)| Due {
                     name: n.clone(),
-                    account: e.account.clone(),
                     wish: e.wish,
                     scope: e.scope.clone(),
-                    exists: e.exists,
+                    step: e.step,
                 })
                 .collect()
         };
-        for Due {
-            name,
-            account,
-            wish,
-            scope,
-            exists,
-        } in due
-        {
-            let result = match wish {
-                Wish::Registered => {
-                    let def = definition(&shared.config, &shared.facade_url, &name, &scope);
-                    let body = serde_json::to_vec(&def).unwrap_or_default();
-                    register(&shared, &client, &name, body, exists).await
-                }
-                Wish::Deregistered => deregister(&shared, &client, &name).await,
-            };
-            let mut entries = shared
-                .entries
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let Some(e) = entries.get_mut(&name) else {
-                continue;
-            };
-            if e.wish != wish || e.scope != scope {
-                // The wish changed while the call ran; the next pass acts on it.
-                continue;
+        for due in due {
+            if stop.is_cancelled() {
+                return;
             }
-            match result {
-                Ok(()) => {
-                    e.done = Some(wish);
-                    e.exists = wish == Wish::Registered && shared.config.base_url.is_some();
-                    e.failures = 0;
-                    e.next_try = None;
-                    let state = match wish {
-                        Wish::Registered => "registered",
-                        Wish::Deregistered => "deregistered",
-                    };
-                    tracing::info!(account = %name, state, "Clouddriver registration");
-                    account.set_registration(state, None);
-                }
-                Err(error) => {
-                    let delay = backoff(&shared.config, e.failures);
-                    e.failures = e.failures.saturating_add(1);
-                    e.next_try = Some(Instant::now() + delay);
-                    tracing::warn!(
-                        account = %name, %error, failures = e.failures,
-                        retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        "Clouddriver registration failed; retrying"
-                    );
-                    account.set_registration("retrying", Some(error.to_string()));
-                }
-            }
+            let result = step(&shared, &due).await;
+            settle(&shared, &due, result);
         }
         let next = {
             let entries = shared
@@ -355,8 +305,8 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
                 .unwrap_or_else(PoisonError::into_inner);
             entries
                 .values()
-                .filter(|e| e.done != Some(e.wish))
-                .filter_map(|e| e.next_try)
+                .filter(|e| e.step != Step::Done)
+                .map(|e| e.next_try.unwrap_or(now))
                 .min()
         };
         let sleep = async {
@@ -373,16 +323,177 @@ async fn work(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Registers `name` with the definition `body`: `POST`, then `PUT` when
-/// Clouddriver already has the name; only `PUT` when it `exists` (ours,
-/// changed since).
-async fn register(
-    shared: &Shared,
-    client: &Client<HttpConnector, Full<Bytes>>,
-    name: &str,
-    body: Vec<u8>,
-    exists: bool,
-) -> Result<(), CallError> {
+/// Takes one step for `due`.
+async fn step(shared: &Shared, due: &Due) -> Result<Outcome, CallError> {
+    let name = due.name.as_str();
+    match (due.wish, due.step) {
+        (Wish::Registered, Step::Write) => {
+            if !owns(shared, name).await? {
+                return Ok(Outcome::Elsewhere);
+            }
+            let def = definition(&shared.config, &shared.facade_url, name, &due.scope);
+            save(shared, name, &def).await
+        }
+        (Wish::Registered, Step::Confirm(_) | Step::Live) => {
+            if due.step == Step::Live && !owns(shared, name).await? {
+                return Ok(Outcome::Elsewhere);
+            }
+            let def = definition(&shared.config, &shared.facade_url, name, &due.scope);
+            let loaded = check(shared, name, &def).await;
+            shared
+                .metrics
+                .registration("clouddriver", "check", loaded.is_ok());
+            Ok(match (loaded?, due.step) {
+                (true, _) => Outcome::Live,
+                (false, Step::Live) => Outcome::Lost,
+                (false, _) => Outcome::NotLoaded,
+            })
+        }
+        (Wish::Deregistered, _) => delete(shared, name).await,
+        (Wish::Registered, Step::Done) => Ok(Outcome::Live),
+    }
+}
+
+/// Whether this sidecar owns `name`'s registration (holds its lease).
+async fn owns(shared: &Shared, name: &str) -> Result<bool, CallError> {
+    let Some(ownership) = &shared.ownership else {
+        return Ok(true);
+    };
+    ownership
+        .holds(name)
+        .await
+        .map_err(|e| CallError::Transport(format!("the store: {e}")))
+}
+
+/// Records what a step found in the entry, if the wish is still the one
+/// the step acted on.
+fn settle(shared: &Shared, due: &Due, result: Result<Outcome, CallError>) {
+    let mut entries = shared
+        .entries
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let Some(e) = entries.get_mut(&due.name) else {
+        return;
+    };
+    if e.wish != due.wish || e.scope != due.scope || e.step != due.step {
+        // The wish changed while the step ran; the next pass acts on it.
+        return;
+    }
+    let config = &shared.config;
+    let now = Instant::now();
+    let name = due.name.as_str();
+    let mut error = None;
+    let state = match result {
+        Ok(outcome) => {
+            if !matches!(outcome, Outcome::NotLoaded) {
+                e.failures = 0;
+            }
+            match outcome {
+                Outcome::Stored => {
+                    e.stored = true;
+                    e.step = Step::Confirm(now);
+                    e.next_try = None;
+                    tracing::info!(account = %name, "stored in Clouddriver; waiting for it to load the account");
+                    "stored"
+                }
+                Outcome::NotLoaded => {
+                    let since = match e.step {
+                        Step::Confirm(since) => since,
+                        _ => now,
+                    };
+                    e.next_try = Some(now + Duration::from_millis(config.live_check_millis));
+                    e.live = false;
+                    if since.elapsed() >= Duration::from_secs(config.live_timeout_seconds) {
+                        let message = format!(
+                            "Clouddriver stored the account {} s ago but has not loaded it: \
+                             set credentials.poller.enabled and \
+                             credentials.poller.types.kubernetes.reloadFrequencyMs in Clouddriver, \
+                             and look for \"Skipping invalid account definition\" in its log",
+                            since.elapsed().as_secs()
+                        );
+                        if e.failures == 0 {
+                            shared.metrics.registration_failure("not_loaded");
+                        }
+                        e.failures = e.failures.saturating_add(1);
+                        error = Some(("not_loaded", message));
+                    }
+                    "stored"
+                }
+                Outcome::Live => {
+                    if !e.live {
+                        tracing::info!(account = %name, "registered: Clouddriver serves the account");
+                    }
+                    e.stored = true;
+                    e.live = true;
+                    e.step = Step::Live;
+                    e.next_try = Some(now + Duration::from_secs(config.recheck_seconds));
+                    "registered"
+                }
+                Outcome::Lost => {
+                    tracing::warn!(account = %name, "Clouddriver no longer serves the account; writing it again");
+                    e.stored = false;
+                    e.live = false;
+                    e.step = Step::Write;
+                    e.next_try = None;
+                    "pending"
+                }
+                Outcome::Elsewhere => {
+                    e.stored = false;
+                    e.live = false;
+                    if due.wish == Wish::Registered {
+                        // Ours again once its lease is: look again soon.
+                        e.step = Step::Write;
+                        e.next_try = Some(now + Duration::from_millis(config.live_check_millis));
+                    } else {
+                        tracing::info!(account = %name, "another sidecar serves the account; its definition stays");
+                        e.step = Step::Done;
+                    }
+                    "elsewhere"
+                }
+                Outcome::NotBefore(at) => {
+                    e.stored = false;
+                    e.live = false;
+                    e.next_try = Some(at);
+                    "elsewhere"
+                }
+                Outcome::Deregistered => {
+                    tracing::info!(account = %name, "deregistered from Clouddriver");
+                    e.stored = false;
+                    e.live = false;
+                    e.step = Step::Done;
+                    "deregistered"
+                }
+            }
+        }
+        Err(err) => {
+            let delay = backoff(config, e.failures);
+            e.failures = e.failures.saturating_add(1);
+            e.next_try = Some(now + delay);
+            let reason = err.reason();
+            shared.metrics.registration_failure(reason);
+            tracing::warn!(
+                account = %name, reason, error = %err, failures = e.failures,
+                retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "Clouddriver registration failed; retrying"
+            );
+            error = Some((reason, err.to_string()));
+            "retrying"
+        }
+    };
+    e.account.set_registration(RegistrationUpdate {
+        state,
+        stored: e.stored,
+        live: e.live,
+        error,
+    });
+    if e.step == Step::Done {
+        // Nothing more to do: an account that comes back starts anew.
+        entries.remove(name);
+    }
+}
+
+/// Writes `def` for `name`: the kubeconfig file, and `PUT /credentials`.
+async fn save(shared: &Shared, name: &str, def: &Value) -> Result<Outcome, CallError> {
     if let Some(dir) = &shared.config.kubeconfig_dir {
         let r = write_kubeconfig(dir, name, &kubeconfig(&shared.facade_url, name)).await;
         shared
@@ -391,46 +502,38 @@ async fn register(
         r?;
     }
     let Some(base) = &shared.config.base_url else {
-        return Ok(());
+        return Ok(Outcome::Live);
     };
     let url = format!("{}/credentials", base.trim_end_matches('/'));
-    if exists {
-        let updated = call(shared, client, Method::PUT, &url, Some(body)).await;
-        shared
-            .metrics
-            .registration("clouddriver", "update", updated.is_ok());
-        return updated;
-    }
-    let created = call(shared, client, Method::POST, &url, Some(body.clone())).await;
+    let body = serde_json::to_vec(def).unwrap_or_default();
+    let r = call(shared, Method::PUT, &url, Some(body))
+        .await
+        .map(|_| ());
     shared
         .metrics
-        .registration("clouddriver", "create", created.is_ok());
-    match created {
-        Ok(()) => Ok(()),
-        // The account is already stored (an earlier run, another sidecar,
-        // or an operator): update it to point at this facade. Clouddriver's
-        // repository reports a duplicate as a conflict, a bad request or an
-        // internal error depending on its store; 502-504 mean it is not up.
-        Err(CallError::Status { status, .. })
-            if status == StatusCode::CONFLICT
-                || status == StatusCode::BAD_REQUEST
-                || status == StatusCode::INTERNAL_SERVER_ERROR =>
-        {
-            let updated = call(shared, client, Method::PUT, &url, Some(body)).await;
-            shared
-                .metrics
-                .registration("clouddriver", "update", updated.is_ok());
-            updated
+        .registration("clouddriver", "save", r.is_ok());
+    r.map(|()| Outcome::Stored)
+}
+
+/// Whether Clouddriver serves `name`, loaded from `def`.
+async fn check(shared: &Shared, name: &str, def: &Value) -> Result<bool, CallError> {
+    let Some(base) = &shared.config.base_url else {
+        return Ok(true);
+    };
+    let url = account_url(base, name);
+    match call(shared, Method::GET, &url, None).await {
+        Ok(body) => {
+            let live: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            Ok(definition::loaded_from(&live, def))
         }
+        // CredentialsController.getAccountCredentialsDetails: not loaded.
+        Err(CallError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => Ok(false),
         Err(e) => Err(e),
     }
 }
 
-async fn deregister(
-    shared: &Shared,
-    client: &Client<HttpConnector, Full<Bytes>>,
-    name: &str,
-) -> Result<(), CallError> {
+/// Removes `name`'s kubeconfig file and, under its lease, its definition.
+async fn delete(shared: &Shared, name: &str) -> Result<Outcome, CallError> {
     if let Some(dir) = &shared.config.kubeconfig_dir {
         let path = kubeconfig_path(dir, name);
         let r = match tokio::fs::remove_file(&path).await {
@@ -445,31 +548,48 @@ async fn deregister(
         r?;
     }
     let Some(base) = &shared.config.base_url else {
-        return Ok(());
+        return Ok(Outcome::Deregistered);
     };
-    let url = format!(
-        "{}/credentials/{}",
-        base.trim_end_matches('/'),
-        percent_encoding::utf8_percent_encode(name, SEGMENT)
-    );
-    let r = match call(shared, client, Method::DELETE, &url, None).await {
-        // Already gone is what we wanted.
-        Err(CallError::Status { status, .. }) if status == StatusCode::NOT_FOUND => Ok(()),
-        r => r,
+    // No other sidecar may take the account while its definition goes.
+    let fence = match &shared.ownership {
+        None => None,
+        Some(ownership) => match ownership.deregistration(name).await {
+            Ok(Deregistration::Fenced(epoch)) => Some((ownership, epoch)),
+            Ok(Deregistration::Elsewhere) => return Ok(Outcome::Elsewhere),
+            Ok(Deregistration::NotBefore(at)) => return Ok(Outcome::NotBefore(at)),
+            Err(e) => return Err(CallError::Transport(format!("the store: {e}"))),
+        },
     };
+    let r = match call(shared, Method::DELETE, &account_url(base, name), None).await {
+        // SqlAccountDefinitionRepository.delete: no stored account. Gone
+        // already is what was wanted.
+        Err(CallError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => Ok(()),
+        r => r.map(|_| ()),
+    };
+    if let Some((ownership, epoch)) = fence {
+        ownership.unfence(name, epoch).await;
+    }
     shared
         .metrics
         .registration("clouddriver", "delete", r.is_ok());
-    r
+    r.map(|()| Outcome::Deregistered)
 }
 
+fn account_url(base: &str, name: &str) -> String {
+    format!(
+        "{}/credentials/{}",
+        base.trim_end_matches('/'),
+        percent_encoding::utf8_percent_encode(name, SEGMENT)
+    )
+}
+
+/// Makes one call; a success's body, or what the error means.
 async fn call(
     shared: &Shared,
-    client: &Client<HttpConnector, Full<Bytes>>,
     method: Method,
     url: &str,
     body: Option<Vec<u8>>,
-) -> Result<(), CallError> {
+) -> Result<Bytes, CallError> {
     let mut req = Request::builder()
         .method(method)
         .uri(url)
@@ -484,25 +604,30 @@ async fn call(
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| CallError::Transport(e.to_string()))?;
     let timeout = shared.config.request_timeout();
-    let resp = tokio::time::timeout(timeout, client.request(req))
+    let resp = tokio::time::timeout(timeout, shared.client.request(req))
         .await
         .map_err(|_| CallError::Timeout(timeout))?
         .map_err(|e| CallError::Transport(e.to_string()))?;
     let status = resp.status();
-    if status.is_success() {
-        return Ok(());
+    let bytes = tokio::time::timeout(
+        timeout,
+        Limited::new(resp.into_body(), BODY_LIMIT).collect(),
+    )
+    .await
+    .map_err(|_| CallError::Timeout(timeout))?
+    .map(http_body_util::Collected::to_bytes);
+    match bytes {
+        Ok(bytes) if status.is_success() => Ok(bytes),
+        Ok(bytes) => Err(answer::refused(
+            status,
+            &bytes,
+            shared.config.user.as_deref(),
+        )),
+        Err(_) if status.is_success() => Err(CallError::Transport(format!(
+            "Clouddriver's answer was cut short or over {BODY_LIMIT} bytes"
+        ))),
+        Err(_) => Err(answer::refused(status, b"", shared.config.user.as_deref())),
     }
-    let bytes = tokio::time::timeout(timeout, resp.into_body().collect())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    let end = bytes.len().min(ERROR_BODY_LIMIT);
-    Err(CallError::Status {
-        status,
-        body: String::from_utf8_lossy(&bytes[..end]).into_owned(),
-    })
 }
 
 fn kubeconfig_path(dir: &Path, name: &str) -> PathBuf {
@@ -542,43 +667,6 @@ async fn write_kubeconfig(dir: &Path, name: &str, contents: &str) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn definition_has_the_managed_account_shape() {
-        let mut config = ClouddriverConfig::default();
-        config.account.namespaces = vec!["a".into()];
-        config
-            .account
-            .permissions
-            .insert("READ".into(), vec!["dev".into()]);
-        let def = definition(
-            &config,
-            "http://127.0.0.1:7003/",
-            "prod-1",
-            &NamespaceScope::default(),
-        );
-        assert_eq!(def["@type"], "kubernetes");
-        assert_eq!(def["name"], "prod-1");
-        assert_eq!(def["namespaces"], json!(["a"]));
-        assert!(def.get("omitNamespaces").is_none());
-        // The agent's namespaces win over the configured ones.
-        let scope = NamespaceScope {
-            namespaces: vec!["b".into()],
-            omit_namespaces: vec!["kube-system".into()],
-        };
-        let narrowed = definition(&config, "http://127.0.0.1:7003/", "prod-1", &scope);
-        assert_eq!(narrowed["namespaces"], json!(["b"]));
-        assert_eq!(narrowed["omitNamespaces"], json!(["kube-system"]));
-        assert_eq!(def["permissions"]["READ"], json!(["dev"]));
-        assert!(def.get("environment").is_none());
-        let kc: Value =
-            serde_norway::from_str(def["kubeconfigContents"].as_str().unwrap()).unwrap();
-        assert_eq!(
-            kc["clusters"][0]["cluster"]["server"],
-            "http://127.0.0.1:7003/accounts/prod-1"
-        );
-        assert_eq!(kc["current-context"], "prod-1");
-    }
 
     #[test]
     fn kubeconfig_file_names_stay_in_the_directory() {

@@ -71,6 +71,18 @@ pub enum ClaimError {
 
 type ForwardBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// What [`Ownership::deregistration`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deregistration {
+    /// This instance holds the lease of the given epoch: delete, then
+    /// [`Ownership::unfence`].
+    Fenced(i64),
+    /// Another instance serves the account: its definition stays.
+    Elsewhere,
+    /// Another instance held it last and its grace period runs until then.
+    NotBefore(Instant),
+}
+
 /// This instance's view of account ownership.
 #[derive(Debug)]
 pub struct Ownership {
@@ -164,6 +176,75 @@ impl Ownership {
                 seconds: (lease.expires_at - chrono::Utc::now().timestamp_millis()).max(0) / 1000,
             }),
         }
+    }
+
+    /// Whether this instance holds an unexpired lease on `account`: only
+    /// then does it write the account's definition to Clouddriver
+    /// ([`crate::clouddriver`]).
+    pub async fn holds(&self, account: &str) -> Result<bool, crate::store::Error> {
+        let now = chrono::Utc::now().timestamp_millis();
+        Ok(self
+            .store
+            .lease(account)
+            .await?
+            .is_some_and(|l| l.owner == self.instance && l.expires_at > now))
+    }
+
+    /// Whether this instance may delete `account`'s definition from
+    /// Clouddriver now that its grace period here ended. The last instance
+    /// to hold the account owns its registration: while another holds it,
+    /// or held it last and its own grace period still runs, the answer is
+    /// no — [`Deregistration::Elsewhere`] or [`Deregistration::NotBefore`]
+    /// (then ask again: if that instance died, this one deletes for it).
+    /// Otherwise the lease is taken ([`Deregistration::Fenced`]) so that no
+    /// instance takes the account while its definition goes; give it back
+    /// with [`Ownership::unfence`].
+    pub async fn deregistration(
+        &self,
+        account: &str,
+    ) -> Result<Deregistration, crate::store::Error> {
+        let now = chrono::Utc::now().timestamp_millis();
+        if let Some(lease) = self.store.lease(account).await?
+            && lease.owner != self.instance
+        {
+            if lease.expires_at > now {
+                return Ok(Deregistration::Elsewhere);
+            }
+            // Released (expiry 0) or expired: its holder's grace period
+            // runs from when it last served the account.
+            let last_seen = self
+                .store
+                .account(account)
+                .await?
+                .map_or(0, |row| row.last_seen);
+            let ends = last_seen
+                .max(lease.expires_at)
+                .saturating_add(i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX));
+            if ends > now {
+                let wait = Duration::from_millis(u64::try_from(ends - now).unwrap_or(0));
+                return Ok(Deregistration::NotBefore(Instant::now() + wait));
+            }
+        }
+        match self
+            .store
+            .acquire_lease(account, &self.instance, self.lease)
+            .await?
+        {
+            Acquired::Owned(lease) => Ok(Deregistration::Fenced(lease.epoch)),
+            Acquired::HeldBy(_) => Ok(Deregistration::Elsewhere),
+        }
+    }
+
+    /// Gives back the lease [`Ownership::deregistration`] took.
+    pub async fn unfence(&self, account: &str, epoch: i64) {
+        if let Err(e) = self
+            .store
+            .release_lease(account, &self.instance, epoch)
+            .await
+        {
+            tracing::warn!(%account, error = %e, "releasing the lease failed");
+        }
+        self.forget(account);
     }
 
     /// Releases this instance's lease on `account`, if it holds it.

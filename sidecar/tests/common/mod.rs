@@ -117,7 +117,7 @@ impl CacheStream {
         account: &str,
         seq: u64,
     ) -> anyhow::Result<Self> {
-        Self::open_scoped(client, account, seq, &[]).await
+        Self::open_scoped(client, account, seq, &[], &[]).await
     }
 
     /// Opens the stream of an agent watching only `namespaces` of the account.
@@ -126,7 +126,18 @@ impl CacheStream {
         account: &str,
         namespaces: &[&str],
     ) -> anyhow::Result<Self> {
-        Self::open_scoped(client, account, 1, namespaces).await
+        Self::open_scoped(client, account, 1, namespaces, &[]).await
+    }
+
+    /// Opens the stream of an agent watching `namespaces` (all when empty)
+    /// less `omit`.
+    pub async fn open_omitting(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        namespaces: &[&str],
+        omit: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::open_scoped(client, account, 1, namespaces, omit).await
     }
 
     async fn open_scoped(
@@ -134,6 +145,7 @@ impl CacheStream {
         account: &str,
         seq: u64,
         namespaces: &[&str],
+        omit: &[&str],
     ) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
@@ -142,6 +154,7 @@ impl CacheStream {
                 account: account.into(),
                 agent_id: "test".into(),
                 namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+                omit_namespaces: omit.iter().map(|n| (*n).to_owned()).collect(),
                 ..v1::CacheOpen::default()
             })),
         })
