@@ -1794,3 +1794,121 @@ fn several_agent_replicas_need_leader_election() {
     .expect_err("two replicas rendered without leader election");
     assert!(err.contains("leaderElection"), "{err}");
 }
+
+/// The Clouddriver settings account registration needs
+/// (`../shared/clouddriver-account-api.md`, from Clouddriver's source):
+/// account storage with its Kubernetes source, SQL, and the credentials
+/// poller with a reload interval.
+fn check_clouddriver_profile(profile: &Value, what: &str) {
+    for (path, want) in [
+        ("/account/storage/enabled", json!(true)),
+        ("/account/storage/kubernetes/enabled", json!(true)),
+        ("/sql/enabled", json!(true)),
+        ("/credentials/poller/enabled", json!(true)),
+    ] {
+        assert_eq!(
+            profile.pointer(path),
+            Some(&want),
+            "{what}: {path}\n{profile:#}"
+        );
+    }
+    let every = profile
+        .pointer("/credentials/poller/types/kubernetes/reloadFrequencyMs")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    assert!(
+        every > 0,
+        "{what}: no reload interval: the poller would never reload"
+    );
+}
+
+#[test]
+fn clouddriver_registration_is_configured_everywhere() {
+    for values in ci_values("spinlink") {
+        let objects = render("spinlink", &values);
+        let what = values.display().to_string();
+        // The sidecar registers with the Clouddriver beside it, naming its
+        // own loopback facade.
+        let sidecar: Value = serde_norway::from_str(&sidecar_config(&objects).unwrap()).unwrap();
+        let cd = &sidecar["clouddriver"];
+        assert_eq!(cd["baseUrl"], "http://127.0.0.1:7002", "{what}");
+        assert_eq!(
+            cd["facadeUrl"].as_str().unwrap(),
+            format!("http://{}", sidecar["facade"]["listen"].as_str().unwrap()),
+            "{what}"
+        );
+        assert!(cd["user"].as_str().is_some_and(|u| !u.is_empty()), "{what}");
+        // Clouddriver's side, and Fiat's.
+        let profile = one(&objects, "ConfigMap", "-clouddriver-profile");
+        let cd_profile: Value =
+            serde_norway::from_str(profile["data"]["clouddriver-local.yml"].as_str().unwrap())
+                .unwrap();
+        check_clouddriver_profile(&cd_profile, &what);
+        let fiat: Value =
+            serde_norway::from_str(profile["data"]["fiat-local.yml"].as_str().unwrap()).unwrap();
+        assert!(
+            fiat.pointer("/fiat/account/manager/roles")
+                .is_some_and(Value::is_array)
+        );
+        // A patch for every Clouddriver Deployment that loads accounts.
+        let patches = &one(&objects, "ConfigMap", "-clouddriver-patch")["data"];
+        let values_doc = yaml_file(&values);
+        let extra = values_doc
+            .pointer("/sidecar/clouddriver/extraDeployments")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            patches.as_object().unwrap().len(),
+            1 + extra.len(),
+            "{what}"
+        );
+        for name in extra {
+            let name = name.as_str().unwrap();
+            let patch: Value =
+                serde_norway::from_str(patches[format!("patch-{name}.yaml")].as_str().unwrap())
+                    .unwrap();
+            assert_eq!(patch["metadata"]["name"], name);
+            assert!(
+                container_names(&patch).contains(&"spinlink-sidecar".to_owned()),
+                "{what}: no sidecar in {name}"
+            );
+        }
+    }
+    // The split, Fiat-enabled example renders its roles.
+    let objects = render(
+        "spinlink",
+        &chart_dir("spinlink").join("ci/cert-manager-postgres.yaml"),
+    );
+    let profile = one(&objects, "ConfigMap", "-clouddriver-profile");
+    let fiat: Value =
+        serde_norway::from_str(profile["data"]["fiat-local.yml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        fiat.pointer("/fiat/account/manager/roles"),
+        Some(&json!(["ops"]))
+    );
+
+    // Kustomize: the sidecar's config, the Halyard/manifest profile and the
+    // operator's profile.
+    let dir = kustomize_dir().join("spinnaker-service/clouddriver-sidecar");
+    let sidecar = yaml_file(&dir.join("sidecar.yaml"));
+    assert_eq!(sidecar["clouddriver"]["baseUrl"], "http://127.0.0.1:7002");
+    check_clouddriver_profile(
+        &yaml_file(&dir.join("clouddriver-local.yml")),
+        "clouddriver-local.yml",
+    );
+    let operator = yaml_file(&dir.join("spinnakerservice-patch.yaml"));
+    check_clouddriver_profile(
+        &operator["spec"]["spinnakerConfig"]["profiles"]["clouddriver"],
+        "spinnakerservice-patch.yaml",
+    );
+}
+
+fn container_names(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect()
+}

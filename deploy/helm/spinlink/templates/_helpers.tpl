@@ -119,8 +119,48 @@ loopback: only Clouddriver, in the same pod, talks to it.
 {{- $s := .Values.sidecar -}}
 {{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
 {{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
+{{- $r := $s.clouddriver.registration -}}
+{{- if $r.enabled -}}
+{{- $account := dict "namespaces" $r.namespaces "permissions" $r.permissions "onlySpinnakerManaged" $r.onlySpinnakerManaged -}}
+{{- if $r.environment -}}
+{{- $_ := set $account "environment" $r.environment -}}
+{{- end -}}
+{{/* Every Clouddriver pod reaches its own sidecar's facade on loopback. */}}
+{{- $cd := dict "baseUrl" $r.baseUrl "facadeUrl" (printf "http://127.0.0.1:%d" (int $s.facadePort)) "account" $account "liveCheckMillis" (int $r.liveCheckMillis) "recheckSeconds" (int $r.recheckSeconds) -}}
+{{- if $r.user -}}
+{{- $_ := set $cd "user" $r.user -}}
+{{- end -}}
+{{- $_ := set $config "clouddriver" $cd -}}
+{{- end -}}
 {{- $config = mustMergeOverwrite $config (deepCopy $s.config) -}}
 {{- toYaml $config -}}
+{{- end -}}
+
+{{/*
+Clouddriver's settings that registration through its account management
+API needs (clouddriver-local.yml): stored accounts, Kubernetes ones among
+them, in SQL, loaded by the credentials poller.
+*/}}
+{{- define "spinlink.clouddriver.profile" -}}
+{{- $p := .Values.sidecar.clouddriver.profile -}}
+account:
+  storage:
+    # The account management API (CredentialsController) exists.
+    enabled: true
+    kubernetes:
+      # Stored Kubernetes accounts are loaded at all.
+      enabled: true
+sql:
+  # Account storage is SQL only; also configure sql.connectionPools and
+  # sql.migration for your database.
+  enabled: true
+credentials:
+  poller:
+    # Without the poller, stored accounts load only when Clouddriver starts.
+    enabled: true
+    types:
+      kubernetes:
+        reloadFrequencyMs: {{ int $p.reloadFrequencyMs }}
 {{- end -}}
 
 {{/*
