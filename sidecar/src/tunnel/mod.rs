@@ -7,8 +7,9 @@
 //! belongs to the gateway.
 //!
 //! Every stream names its account and agent in the `spinlink-verified-*`
-//! headers the gateway sets; the first message must be `open` for the same
-//! account.
+//! headers the gateway sets, believed only on a gateway's connection; the
+//! first message must be `open` for the same account. An account's streams
+//! come from one agent identity at a time ([`crate::accounts::AccountHeld`]).
 
 pub mod assignments;
 pub mod cache;
