@@ -58,6 +58,7 @@ struct Inner {
     cache_watches: Family<Labels, Gauge>,
     cache_watches_expired: Family<Labels, Counter>,
     handovers: Family<Labels, Counter>,
+    tunnel_refused: Family<Labels, Counter>,
     journal_dropped: Counter,
     resource_version_writes: Counter,
     openapi_bytes: Gauge,
@@ -153,6 +154,12 @@ impl Metrics {
             "Where an account's first cache stream here started from, by outcome: warm (a previous owner's snapshot loaded; reason fresher when it replaced an older cache held here), resumed (the cache held here since an earlier stream; reason current or behind the store's record) or cold with the reason (the agent listed again)",
             handovers.clone(),
         );
+        let tunnel_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "tunnel_refused",
+            "Tunnel streams refused, by reason: not_gateway (the client certificate names none of tunnel.tls.gatewayIdentities), no_certificate, account_held (the account's streams are open from another agent identity)",
+            tunnel_refused.clone(),
+        );
         let journal_dropped = Counter::default();
         registry.register(
             "journal_dropped",
@@ -185,6 +192,7 @@ impl Metrics {
                 cache_watches,
                 cache_watches_expired,
                 handovers,
+                tunnel_refused,
                 journal_dropped,
                 resource_version_writes,
                 requests,
@@ -241,6 +249,14 @@ impl Metrics {
                 ("outcome".to_owned(), outcome.to_owned()),
                 ("reason".to_owned(), reason.to_owned()),
             ])
+            .inc();
+    }
+
+    /// Counts one tunnel stream refused for `reason`.
+    pub fn tunnel_refused(&self, reason: &str) {
+        self.inner
+            .tunnel_refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
     }
 
