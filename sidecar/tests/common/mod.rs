@@ -158,7 +158,7 @@ impl CacheStream {
         namespaces: &[&str],
         omit: &[&str],
     ) -> anyhow::Result<Self> {
-        Ok(Self::open_as(client, account, IDENTITY, seq, namespaces).await?)
+        Ok(Self::open_full(client, account, IDENTITY, seq, namespaces, omit).await?)
     }
 
     /// Opens the stream as the gateway carries one of agent `identity`;
@@ -169,6 +169,17 @@ impl CacheStream {
         identity: &str,
         seq: u64,
         namespaces: &[&str],
+    ) -> Result<Self, tonic::Status> {
+        Self::open_full(client, account, identity, seq, namespaces, &[]).await
+    }
+
+    async fn open_full(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        identity: &str,
+        seq: u64,
+        namespaces: &[&str],
+        omit: &[&str],
     ) -> Result<Self, tonic::Status> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
