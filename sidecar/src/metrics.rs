@@ -53,6 +53,7 @@ struct Inner {
     registrations: Family<Labels, Counter>,
     registration_failures: Family<Labels, Counter>,
     objects: Family<Labels, Gauge>,
+    api_server_reachable: Family<Labels, Gauge>,
     cache_bytes: Family<Labels, Gauge>,
     state: Family<Labels, Gauge>,
     cache_watches: Family<Labels, Gauge>,
@@ -117,6 +118,12 @@ impl Metrics {
             "registration_failures",
             "Failed Clouddriver registration steps by reason (storage_disabled, forbidden, unreadable, not_loaded, ...)",
             registration_failures.clone(),
+        );
+        let api_server_reachable = Family::<Labels, Gauge>::default();
+        registry.register(
+            "api_server_reachable",
+            "Whether each account's agent reaches its cluster's API server (0: cached reads may be stale)",
+            api_server_reachable.clone(),
         );
         let objects = Family::<Labels, Gauge>::default();
         registry.register(
@@ -200,6 +207,7 @@ impl Metrics {
                 registrations,
                 registration_failures,
                 objects,
+                api_server_reachable,
                 cache_bytes,
                 state,
             }),
@@ -314,6 +322,7 @@ impl Metrics {
     pub fn render(&self, accounts: &Accounts) -> String {
         let inner = &self.inner;
         inner.objects.clear();
+        inner.api_server_reachable.clear();
         inner.cache_bytes.clear();
         inner.state.clear();
         for account in accounts.all() {
@@ -338,6 +347,10 @@ impl Metrics {
                 .cache_bytes
                 .get_or_create(&label)
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            inner
+                .api_server_reachable
+                .get_or_create(&label)
+                .set(i64::from(account.api_down().is_none()));
             let presence = account.presence();
             for (name, p) in [
                 ("online", Presence::Online),

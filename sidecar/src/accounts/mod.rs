@@ -160,6 +160,23 @@ pub struct AccountStatus {
     pub kinds: Vec<KindStatus>,
     /// Registration with Clouddriver.
     pub registration: Registration,
+    /// Whether its agent reaches the cluster's API server: while it does
+    /// not, answers from the cache carry a `Warning`.
+    pub api_server: ApiServerStatus,
+}
+
+/// What an account's agent last said of the cluster's API server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerStatus {
+    /// The API server answers the agent (or nothing says otherwise).
+    pub reachable: bool,
+    /// Since when it has not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<DateTime<Utc>>,
+    /// The agent's last failed request, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl AccountStatus {
@@ -339,6 +356,9 @@ struct State {
     registration: Registration,
     /// The namespaces its agent watches, as its last cache stream said.
     scope: NamespaceScope,
+    /// Since when its agent has not reached the cluster's API server, and
+    /// why, as its last heartbeat said (`None` while it does).
+    api_down: Option<(DateTime<Utc>, String)>,
 }
 
 /// The namespaces an agent watches for an account (`CacheOpen`).
@@ -373,6 +393,7 @@ impl Account {
                 withdrawn: false,
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
+                api_down: None,
                 scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
@@ -681,7 +702,7 @@ impl Account {
 
     /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
     pub fn status(&self) -> AccountStatus {
-        let (identity, presence, streams, relay, offline, registration) = {
+        let (identity, presence, streams, relay, offline, registration, api_down) = {
             let s = lock(&self.state);
             (
                 s.agent_identity.clone(),
@@ -692,6 +713,7 @@ impl Account {
                     .filter(|_| s.cache_streams == 0)
                     .map(|(i, _)| i.elapsed().as_secs()),
                 s.registration.clone(),
+                s.api_down.clone(),
             )
         };
         let cache = self.read_cache();
@@ -725,7 +747,29 @@ impl Account {
             relay,
             kinds,
             registration,
+            api_server: ApiServerStatus {
+                reachable: api_down.is_none(),
+                unreachable_since: api_down.as_ref().map(|(since, _)| *since),
+                last_error: api_down.map(|(_, e)| e),
+            },
         }
+    }
+
+    /// Records what its agent's heartbeat says of the cluster's API server:
+    /// unreachable since `since_unix_millis` (0: it answers), and why.
+    pub fn set_api_health(&self, since_unix_millis: i64, error: &str) {
+        let down = (since_unix_millis > 0).then(|| {
+            let since = DateTime::from_timestamp_millis(since_unix_millis).unwrap_or_else(Utc::now);
+            // Bounded: it is shown in warnings and the accounts API.
+            (since, error.chars().take(256).collect())
+        });
+        lock(&self.state).api_down = down;
+    }
+
+    /// Since when its agent has not reached the cluster's API server, and
+    /// why; `None` while it does.
+    pub fn api_down(&self) -> Option<(DateTime<Utc>, String)> {
+        lock(&self.state).api_down.clone()
     }
 }
 
@@ -1146,6 +1190,7 @@ mod tests {
             relay: true,
             kinds: Vec::new(),
             registration: Registration::default(),
+            api_server: ApiServerStatus::default(),
         };
         assert!(ready.ready());
         assert!(
