@@ -194,6 +194,8 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
         })
         .collect();
 
+    // Health checks bring instances back here; outlier ejection (streams
+    // the cut hop broke) is kept short so that it never outlasts a wait.
     let gateway_cfg = yaml(
         dir,
         "gateway.yaml",
@@ -201,7 +203,8 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
             "gatewayId: gw\nlisten: 127.0.0.1:0\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
              policy:\n- identities: [\"{}\"]\n  accounts: [prod]\n\
              upstreams:\n- url: http://{}\n- url: http://{}\n\
-             upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n",
+             upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n  \
+             outlier:\n    ejectionSeconds: 5\n",
             p(pki.cert("gateway")),
             p(pki.key("gateway")),
             p(pki.ca_cert()),
