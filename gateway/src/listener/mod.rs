@@ -73,6 +73,7 @@ pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Settings {
     proxy: Option<ProxySettings>,
     handshake_timeout: Duration,
+    preface_timeout: Duration,
     max_concurrent_streams: u32,
     idle_timeout: Duration,
     max_age: Option<MaxAge>,
@@ -136,6 +137,7 @@ impl Settings {
         Self {
             proxy,
             handshake_timeout: Duration::from_secs(c.handshake_timeout_seconds),
+            preface_timeout: Duration::from_secs(c.preface_timeout_seconds),
             max_concurrent_streams: c.max_concurrent_streams,
             idle_timeout: Duration::from_secs(c.idle_timeout_seconds),
             max_age,
@@ -524,6 +526,7 @@ impl Connection {
             drain_grace: settings.drain_grace,
             keepalive: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            preface_timeout: settings.preface_timeout,
         };
         // Boxed at its own size; this future keeps a pointer.
         Box::pin(crate::relay::server::serve(
