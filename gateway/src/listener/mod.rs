@@ -13,7 +13,8 @@
 //!    disk) within `handshakeTimeoutSeconds`;
 //! 4. the connection is named — identity from the leaf certificate, binding
 //!    from the TLS exporter — and served by the relay
-//!    ([`crate::relay::server`]) with that name.
+//!    ([`crate::relay::server`]) with that name; its HTTP/2 preface and
+//!    first SETTINGS are due within `prefaceTimeoutSeconds`.
 //!
 //! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
 //! by SNI, HTTP/1.1 and HTTP/2, requests routed as nginx would, agent names
