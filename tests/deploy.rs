@@ -1159,6 +1159,17 @@ fn gateway_and_sidecar_configs_from_the_chart_load() {
             facade.starts_with("127.0.0.1:") && !facade.ends_with(":7002"),
             "the facade {facade} must be on loopback and off Clouddriver's port"
         );
+        // The tunnel serves the gateway's identity, and only it.
+        let fullname = name(one(&objects, "Deployment", "-gateway"))
+            .strip_suffix("-gateway")
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            strings(&parsed["tunnel"]["tls"]["gatewayIdentities"]),
+            BTreeSet::from([format!("spiffe://spinlink/gateway/{fullname}")]),
+            "{}: the sidecar must name the gateway's identity",
+            values.display()
+        );
         let local = relocate(&sidecar, container(&patch, "spinlink-sidecar"), tmp.path());
         load_component_config("sidecar", &local, tmp.path()).unwrap_or_else(|e| {
             panic!("{}: sidecar config refused: {e}\n{local}", values.display())
@@ -1295,13 +1306,16 @@ fn cert_manager_issues_gateway_sidecar_and_agent_certificates() {
         |suffix: &str| one(&objects, "Certificate", suffix)["spec"]["secretName"].clone();
     // Each Certificate writes the Secret its workload mounts.
     let gateway = one(&objects, "Deployment", "-gateway");
-    let tls_volume = gateway["spec"]["template"]["spec"]["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "tls")
-        .unwrap();
-    assert_eq!(tls_volume["secret"]["secretName"], secret_of("-gateway"));
+    let gateway_secret = |volume: &str| {
+        gateway["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == volume)
+            .unwrap()["secret"]["secretName"]
+            .clone()
+    };
+    assert_eq!(gateway_secret("tls"), secret_of("-gateway"));
     let patch: Value = serde_norway::from_str(
         one(&objects, "ConfigMap", "-clouddriver-patch")["data"]["patch.yaml"]
             .as_str()
@@ -1330,14 +1344,46 @@ fn cert_manager_issues_gateway_sidecar_and_agent_certificates() {
             .unwrap()
             .contains(&server_name)
     );
+    // Towards the sidecars the gateway presents its internal certificate,
+    // whose identity is the one the sidecars serve.
+    let internal = one(&objects, "Certificate", "-gateway-internal");
+    assert!(strings(&internal["spec"]["usages"]).contains("client auth"));
     assert!(
-        strings(&one(&objects, "Certificate", "-gateway")["spec"]["usages"])
-            .contains("client auth")
+        config["upstreamTls"]["certFile"]
+            .as_str()
+            .unwrap()
+            .starts_with("/etc/spinlink/internal-tls/")
     );
+    assert_eq!(
+        gateway_secret("internal-tls"),
+        secret_of("-gateway-internal")
+    );
+    let served: Value = serde_norway::from_str(&sidecar_config(&objects).unwrap()).unwrap();
+    assert_eq!(
+        strings(&served["tunnel"]["tls"]["gatewayIdentities"]),
+        strings(&internal["spec"]["uris"])
+    );
+    // Agents' certificates (and the gateway's towards them) come from an
+    // issuer of their own, never the one the sidecars trust.
+    let issuer = |suffix: &str| {
+        one(&objects, "Certificate", suffix)["spec"]["issuerRef"]["name"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let internal_issuer = issuer("-gateway-internal");
+    assert_eq!(issuer("-sidecar"), internal_issuer);
+    for agent_side in ["-gateway", "-agent-prod-eu", "-agent-staging"] {
+        assert_ne!(issuer(agent_side), internal_issuer, "{agent_side}");
+    }
+    assert_eq!(issuer("-gateway"), issuer("-agent-prod-eu"));
     // One client certificate per listed agent, with the identity the policy names.
     let agent = one(&objects, "Certificate", "-agent-prod-eu");
     assert_eq!(agent["spec"]["uris"][0], "spiffe://spinlink/agent/prod-eu");
-    assert!(certs.len() >= 5, "CA, gateway, sidecar and two agents");
+    assert!(
+        certs.len() >= 7,
+        "two CAs, two gateway certificates, sidecar and two agents"
+    );
     // PostgreSQL's password only ever comes from a Secret.
     let sidecar = sidecar_config(&objects).unwrap();
     assert!(sidecar.contains("postgres://spinlink@spinlink-db.example.internal:5432/spinlink"));
@@ -1349,6 +1395,37 @@ fn cert_manager_issues_gateway_sidecar_and_agent_certificates() {
             .any(|e| e["name"] == "PGPASSWORD"
                 && e["valueFrom"]["secretKeyRef"]["name"] == "spinlink-db")
     );
+}
+
+#[test]
+fn agent_certificates_need_an_issuer_of_their_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chart = chart_dir("spinlink");
+    for (agents, want) in [
+        ("", "certManager.agentIssuerRef.name is required"),
+        (
+            "  agentIssuerRef: { name: corp-ca, kind: ClusterIssuer }\n",
+            "must not be certManager.issuerRef",
+        ),
+    ] {
+        let values = tmp.path().join("values.yaml");
+        std::fs::write(
+            &values,
+            format!(
+                "certManager:\n  enabled: true\n  createCa: false\n  \
+                 issuerRef: {{ name: corp-ca, kind: ClusterIssuer }}\n{agents}"
+            ),
+        )
+        .unwrap();
+        let err = helm(&[
+            "template",
+            chart.to_str().unwrap(),
+            "-f",
+            values.to_str().unwrap(),
+        ])
+        .expect_err("agent certificates rendered from the internal issuer");
+        assert!(err.contains(want), "{err}");
+    }
 }
 
 #[test]
@@ -1524,6 +1601,17 @@ fn kustomize_clouddriver_patch_adds_the_sidecar() {
         tmp.path(),
     );
     load_component_config("sidecar", &local, tmp.path()).unwrap();
+    // It serves the identity of the gateway's internal certificate.
+    let certificates = documents(
+        &std::fs::read_to_string(kustomize_dir().join("spinnaker-service/base/certificates.yaml"))
+            .unwrap(),
+    );
+    let internal = one(&certificates, "Certificate", "-gateway-internal");
+    let served: Value = serde_norway::from_str(&config).unwrap();
+    assert_eq!(
+        strings(&served["tunnel"]["tls"]["gatewayIdentities"]),
+        strings(&internal["spec"]["uris"])
+    );
     // The operator form carries the same patch.
     let operator = yaml_file(&dir.join("spinnakerservice-patch.yaml"));
     let embedded =

@@ -361,7 +361,10 @@ fn agent_gateway_sidecar_kubectl() {
             .unwrap();
             tx.try_send(CacheUp {
                 seq: 2,
-                msg: Some(cache_up::Msg::Heartbeat(Heartbeat { unix_millis: 1 })),
+                msg: Some(cache_up::Msg::Heartbeat(Heartbeat {
+                    unix_millis: 1,
+                    ..Default::default()
+                })),
             })
             .unwrap();
             let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));

@@ -51,22 +51,7 @@ fn chain() -> Chain {
     );
     sim.listening("kube-sim");
     let state = dir.join("state");
-    let mut dev = Proc::start(
-        "dev",
-        &dir,
-        &[
-            "dev",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--kubeconfig",
-            sim_kubeconfig.to_str().unwrap(),
-            "--gateway-listen",
-            "127.0.0.1:0",
-            "--facade-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    dev.wait_line("ready: ");
+    let dev = support::dev(&dir, &state, Some(&sim_kubeconfig));
     Chain {
         _dir: tmp,
         _sim: sim,

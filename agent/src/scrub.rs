@@ -1,12 +1,18 @@
 //! Removing Secret values before anything leaves the agent.
 //!
 //! A Secret's `data` and `stringData` never cross the tunnel: not in cached
-//! objects, not in relayed responses (get, list, table, watch). The
-//! `kubectl.kubernetes.io/last-applied-configuration` annotation is removed
-//! too, since `kubectl apply` copies the whole Secret, values included, into
-//! it. Values are never even allocated: [`Scrubbed`] parses JSON with a
-//! visitor that skips them ([`serde::de::IgnoredAny`]), for watched Secrets
-//! and for relayed responses alike.
+//! objects, not in relayed responses (get, list, table, watch). Values are
+//! never even allocated: [`Scrubbed`] parses JSON with a visitor that skips
+//! them ([`serde::de::IgnoredAny`]), for watched Secrets and for relayed
+//! responses alike.
+//!
+//! The `kubectl.kubernetes.io/last-applied-configuration` annotation holds a
+//! copy of the whole applied Secret, values included. It is kept, with every
+//! value replaced by [`WITHHELD`]: client-side `kubectl apply` (which
+//! Clouddriver uses) computes which keys to delete from it, so without it a
+//! re-apply could never remove a key, and kubectl warns on every apply. The
+//! keys, which kubectl needs, are no secret; the values never leave. That
+//! one annotation is read whole into memory, and wiped once read.
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -15,6 +21,13 @@ use serde_json::{Map, Value};
 pub const SECRET_VALUE_KEYS: [&str; 2] = ["data", "stringData"];
 /// The annotation in which `kubectl apply` keeps a copy of the object.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// What each value of a Secret's last-applied configuration becomes: the
+/// base64 of `(withheld by spinlink)` in `data`, the words themselves in
+/// `stringData`. kubectl only compares them with the manifest being applied
+/// (they never match, so every key applied is sent again, as it must be).
+pub const WITHHELD: &str = "KHdpdGhoZWxkIGJ5IHNwaW5saW5rKQ==";
+/// [`WITHHELD`] as plain text, for `stringData`.
+pub const WITHHELD_TEXT: &str = "(withheld by spinlink)";
 /// Longest watch line buffered while looking for its end.
 pub const MAX_WATCH_LINE: usize = 16 * 1024 * 1024;
 
@@ -166,7 +179,14 @@ impl<'de> Deserialize<'de> for Annotations {
                 let mut out = Map::new();
                 while let Some(key) = map.next_key::<String>()? {
                     if key == LAST_APPLIED_ANNOTATION {
-                        map.next_value::<IgnoredAny>()?;
+                        let mut applied: String = map.next_value()?;
+                        let withheld = withhold_values(&applied);
+                        zeroize::Zeroize::zeroize(&mut applied);
+                        // Not JSON kubectl could read: dropped, as kubectl
+                        // would ignore it.
+                        if let Some(withheld) = withheld {
+                            out.insert(key, Value::String(withheld));
+                        }
                     } else {
                         out.insert(key, map.next_value::<Value>()?);
                     }
@@ -175,6 +195,84 @@ impl<'de> Deserialize<'de> for Annotations {
             }
         }
         deserializer.deserialize_any(V).map(Annotations)
+    }
+}
+
+/// A Secret's last-applied configuration (`applied`, JSON as kubectl
+/// writes it) with the values of `data` and `stringData` replaced by
+/// [`WITHHELD`] / [`WITHHELD_TEXT`]; `None` when it is not a JSON object.
+/// Written as kubectl writes it: compact, with a final newline.
+pub fn withhold_values(applied: &str) -> Option<String> {
+    let Withheld(value) = serde_json::from_str(applied).ok()?;
+    if !value.is_object() {
+        return None;
+    }
+    let mut text = serde_json::to_string(&value).ok()?;
+    text.push('\n');
+    Some(text)
+}
+
+/// A top-level object whose `data` and `stringData` keep their keys, each
+/// value skipped unread and replaced.
+struct Withheld(Value);
+
+impl<'de> Deserialize<'de> for Withheld {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an applied configuration")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                let mut out = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let placeholder = match key.as_str() {
+                        "data" => WITHHELD,
+                        "stringData" => WITHHELD_TEXT,
+                        _ => {
+                            out.insert(key, map.next_value::<Value>()?);
+                            continue;
+                        }
+                    };
+                    let Keys(keys) = map.next_value()?;
+                    let values = keys
+                        .into_iter()
+                        .map(|k| (k, Value::from(placeholder)))
+                        .collect();
+                    out.insert(key, Value::Object(values));
+                }
+                Ok(Value::Object(out))
+            }
+        }
+        deserializer.deserialize_map(V).map(Withheld)
+    }
+}
+
+/// The keys of a map (or none, for `null`), its values skipped unread.
+struct Keys(Vec<String>);
+
+impl<'de> Deserialize<'de> for Keys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of Secret values")
+            }
+            fn visit_unit<E>(self) -> Result<Vec<String>, E> {
+                Ok(Vec::new())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<IgnoredAny>()?;
+                    keys.push(key);
+                }
+                Ok(keys)
+            }
+        }
+        deserializer.deserialize_any(V).map(Keys)
     }
 }
 
@@ -296,8 +394,48 @@ mod tests {
         assert!(s.get("data").is_none());
         assert!(s.get("stringData").is_none());
         assert_eq!(s["metadata"]["annotations"]["keep"], "me");
+        // The last-applied copy keeps its keys, for kubectl apply.
+        let applied: Value = serde_json::from_str(
+            s["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(applied, json!({"data": {"k": WITHHELD}}));
         assert_eq!(s["type"], "Opaque");
         assert!(!contains_sentinel(&serde_json::to_vec(&s).unwrap()));
+    }
+
+    #[test]
+    fn last_applied_values_are_withheld_keys_kept() {
+        let applied = format!(
+            "{{\"apiVersion\":\"v1\",\"data\":{{\"a\":\"{SENTINEL}\",\"b\":\"{SENTINEL}\"}},\
+             \"kind\":\"Secret\",\"metadata\":{{\"annotations\":{{}},\"name\":\"x\"}},\
+             \"stringData\":{{\"s\":\"{SENTINEL}\"}},\"type\":\"Opaque\"}}\n"
+        );
+        let out = withhold_values(&applied).unwrap();
+        assert!(!out.contains(SENTINEL), "{out}");
+        assert!(out.ends_with("}\n"), "{out}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["data"], json!({"a": WITHHELD, "b": WITHHELD}));
+        assert_eq!(v["stringData"], json!({"s": WITHHELD_TEXT}));
+        assert_eq!(v["metadata"]["name"], "x");
+        assert_eq!(v["type"], "Opaque");
+        // null maps stay empty; what is not an object kubectl could read
+        // is dropped.
+        assert_eq!(
+            withhold_values(r#"{"data":null}"#).as_deref(),
+            Some("{\"data\":{}}\n")
+        );
+        for bad in ["[1]", "\"s\"", "{", "{\"data\":\"x\"}"] {
+            assert_eq!(withhold_values(bad), None, "{bad}");
+        }
+        // Decodes to the words that say what happened.
+        use base64::Engine as _;
+        let words = base64::engine::general_purpose::STANDARD
+            .decode(WITHHELD)
+            .unwrap();
+        assert_eq!(words, WITHHELD_TEXT.as_bytes());
     }
 
     #[test]

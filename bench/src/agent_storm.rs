@@ -587,7 +587,10 @@ impl SimAgent {
                     let unix_millis = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
-                    let m = self.up(cache_up::Msg::Heartbeat(Heartbeat { unix_millis }));
+                    let m = self.up(cache_up::Msg::Heartbeat(Heartbeat {
+                unix_millis,
+                ..Default::default()
+            }));
                     if live.up.send(m).await.is_err() {
                         return Ended::Broken(live.since);
                     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::json;
-use spinlink_tls::dev::{DevPki, dev_agent_identity};
+use spinlink_tls::dev::{DevPki, dev_agent_identity, dev_gateway_identity};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -81,7 +81,8 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         }
     };
 
-    // Sidecar: mTLS tunnel on an ephemeral port, facade where kubectl expects it.
+    // Sidecar: mTLS tunnel on an ephemeral port serving only the gateway's
+    // certificate, facade where kubectl expects it.
     let sidecar_yaml = json!({
         "instanceId": "dev-sidecar",
         "tunnel": {
@@ -90,6 +91,9 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
                 "certFile": pki.cert("sidecar"),
                 "keyFile": pki.key("sidecar"),
                 "clientCaFile": pki.ca_cert(),
+                // The agent's certificate chains to the same CA: only the
+                // gateway's identity is served.
+                "gatewayIdentities": [dev_gateway_identity()],
             },
         },
         "facade": { "listen": args.facade_listen.to_string() },

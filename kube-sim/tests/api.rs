@@ -207,12 +207,23 @@ async fn errors_match_fixtures_field_by_field() {
         "errors/400-badselector.json",
         StatusCode::BAD_REQUEST,
     );
-    check(
-        s.get("/api/v1/namespaces/demo/configmaps?fieldSelector=spec.foo%3Dbar")
-            .await,
-        "errors/400-badfieldselector.json",
-        StatusCode::BAD_REQUEST,
-    );
+    // Field selectors, each as the real server refused the same one.
+    for (path, fixture) in [
+        (
+            "/api/v1/namespaces/demo/configmaps?fieldSelector=data.a%3Db&limit=500",
+            "errors/400-fieldselector-configmaps.json",
+        ),
+        (
+            "/api/v1/namespaces/demo/pods?fieldSelector=spec.foo%3Dbar&limit=500",
+            "errors/400-fieldselector-pods.json",
+        ),
+        (
+            "/api/v1/namespaces/demo/configmaps?fieldSelector=metadata.name%3D%3D%3Dx",
+            "errors/400-fieldselector-badsyntax.json",
+        ),
+    ] {
+        check(s.get(path).await, fixture, StatusCode::BAD_REQUEST);
+    }
     // Namespace must exist; unimplemented resources and junk are proper 404 Statuses.
     let r = s
         .post(

@@ -145,7 +145,8 @@ impl Default for TunnelConfig {
 }
 
 /// TLS files of the tunnel listener. A client certificate signed by
-/// `clientCaFile` is required of every peer.
+/// `clientCaFile` is required of every peer, and only the gateways named in
+/// `gatewayIdentities` are served.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct TlsConfig {
@@ -155,6 +156,12 @@ pub struct TlsConfig {
     pub key_file: PathBuf,
     /// PEM bundle of the CAs that sign gateway client certificates.
     pub client_ca_file: PathBuf,
+    /// The identities of the gateways' client certificates, exactly: a URI
+    /// SAN (`spiffe://spinlink/gateway/spinlink`) or, for a certificate
+    /// without one, a DNS SAN, read as [`crate::tunnel::gateways`] says.
+    /// Every other certificate `clientCaFile` signs — an agent's — is
+    /// refused. Required: there is no safe default.
+    pub gateway_identities: Vec<String>,
 }
 
 /// The Kubernetes API facade (plain HTTP, meant for loopback).
@@ -439,6 +446,30 @@ impl Config {
                         return Err(invalid(key, "required"));
                     }
                 }
+                // Without it any certificate the client CA signs could set
+                // the verified headers the gateway alone may set.
+                if tls.gateway_identities.is_empty() {
+                    return Err(invalid(
+                        "tunnel.tls.gatewayIdentities",
+                        "required with tunnel.tls: name the URI SAN (or DNS SAN) of the \
+                         gateways' client certificates, e.g. spiffe://spinlink/gateway/spinlink; \
+                         every other certificate the client CA signs is refused",
+                    ));
+                }
+                for id in &tls.gateway_identities {
+                    if id.trim().is_empty() || id.trim() != id {
+                        return Err(invalid(
+                            "tunnel.tls.gatewayIdentities",
+                            "an entry is empty or has surrounding spaces",
+                        ));
+                    }
+                    if id.contains('*') {
+                        return Err(invalid(
+                            "tunnel.tls.gatewayIdentities",
+                            &format!("{id:?}: identities are matched exactly, not as globs"),
+                        ));
+                    }
+                }
             }
             (None, true) => {}
         }
@@ -563,17 +594,16 @@ mod tests {
     #[test]
     fn full_file_parses() {
         let c = Config::from_yaml_str(
-            "instanceId: s1\ntunnel:\n  listen: 127.0.0.1:9001\n  tls: { certFile: a.crt, keyFile: a.key, clientCaFile: ca.crt }\nfacade:\n  listen: 127.0.0.1:9002\nstore:\n  url: sqlite:///tmp/x.db\n",
+            "instanceId: s1\ntunnel:\n  listen: 127.0.0.1:9001\n  tls: { certFile: a.crt, keyFile: a.key, clientCaFile: ca.crt, gatewayIdentities: [spiffe://t/gateway] }\nfacade:\n  listen: 127.0.0.1:9002\nstore:\n  url: sqlite:///tmp/x.db\n",
             "t.yaml",
         )
         .unwrap();
         assert_eq!(c.instance_id, "s1");
         assert_eq!(c.tunnel.listen.port(), 9001);
         assert_eq!(c.facade.listen.port(), 9002);
-        assert_eq!(
-            c.tunnel.tls.unwrap().client_ca_file,
-            PathBuf::from("ca.crt")
-        );
+        let tls = c.tunnel.tls.unwrap();
+        assert_eq!(tls.client_ca_file, PathBuf::from("ca.crt"));
+        assert_eq!(tls.gateway_identities, ["spiffe://t/gateway"]);
         assert_eq!(c.facade.relay_timeout_seconds, DEFAULT_RELAY_TIMEOUT_SECS);
         assert_eq!(c.facade.openapi_cache_bytes, DEFAULT_OPENAPI_CACHE_BYTES);
         let off = Config::from_yaml_str(
@@ -643,5 +673,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tunnel.tls.clientCaFile"), "{e}");
+    }
+
+    #[test]
+    fn tls_without_gateway_identities_is_refused_with_key_and_file() {
+        let tls = "tunnel: { tls: { certFile: a, keyFile: b, clientCaFile: c";
+        let e = Config::from_yaml_str(&format!("{tls} }} }}\n"), "s.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s.yaml") && e.contains("tunnel.tls.gatewayIdentities"),
+            "{e}"
+        );
+        for bad in ["[]", "['']", "[' gw']", "['spiffe://t/gateway/*']"] {
+            let yaml = format!("{tls}, gatewayIdentities: {bad} }} }}\n");
+            let e = Config::from_yaml_str(&yaml, "s.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("tunnel.tls.gatewayIdentities"), "{bad}: {e}");
+        }
+        let ok = format!("{tls}, gatewayIdentities: [gw.example, 'spiffe://t/gateway'] }} }}\n");
+        Config::from_yaml_str(&ok, "s.yaml").unwrap();
+        // Plaintext has no certificates to check; it stays development only.
+        Config::from_yaml_str("tunnel: { insecure: true }\n", "s.yaml").unwrap();
     }
 }

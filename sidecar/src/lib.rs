@@ -126,7 +126,12 @@ impl Sidecar {
                     ClientAuth::Required,
                     &[ALPN_H2],
                 )?;
-                tunnel::Security::Tls(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
+                tunnel::Security::Tls {
+                    acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+                    gateways: Arc::new(tunnel::gateways::Gateways::new(
+                        tls.gateway_identities.iter().cloned(),
+                    )),
+                }
             }
             (None, _) => {
                 tracing::warn!(
@@ -271,6 +276,7 @@ impl Sidecar {
         );
         let service =
             tunnel::TunnelService::new(self.accounts.clone(), self.store.clone(), streams.clone())
+                .with_metrics(metrics.clone())
                 .with_ownership(ownership.clone())
                 .with_handover(handover.clone())
                 .with_dynamic(dynamic.clone());
@@ -278,6 +284,7 @@ impl Sidecar {
             self.tunnel,
             self.security,
             service,
+            metrics.clone(),
             streams.clone(),
         ));
         let registrar = self.config.clouddriver.clone().map(|cd| {

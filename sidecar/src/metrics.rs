@@ -53,11 +53,13 @@ struct Inner {
     registrations: Family<Labels, Counter>,
     registration_failures: Family<Labels, Counter>,
     objects: Family<Labels, Gauge>,
+    api_server_reachable: Family<Labels, Gauge>,
     cache_bytes: Family<Labels, Gauge>,
     state: Family<Labels, Gauge>,
     cache_watches: Family<Labels, Gauge>,
     cache_watches_expired: Family<Labels, Counter>,
     handovers: Family<Labels, Counter>,
+    tunnel_refused: Family<Labels, Counter>,
     journal_dropped: Counter,
     resource_version_writes: Counter,
     openapi_bytes: Gauge,
@@ -117,6 +119,12 @@ impl Metrics {
             "Failed Clouddriver registration steps by reason (storage_disabled, forbidden, unreadable, not_loaded, ...)",
             registration_failures.clone(),
         );
+        let api_server_reachable = Family::<Labels, Gauge>::default();
+        registry.register(
+            "api_server_reachable",
+            "Whether each account's agent reaches its cluster's API server (0: cached reads may be stale)",
+            api_server_reachable.clone(),
+        );
         let objects = Family::<Labels, Gauge>::default();
         registry.register(
             "cache_objects",
@@ -153,6 +161,12 @@ impl Metrics {
             "Where an account's first cache stream here started from, by outcome: warm (a previous owner's snapshot loaded; reason fresher when it replaced an older cache held here), resumed (the cache held here since an earlier stream; reason current or behind the store's record) or cold with the reason (the agent listed again)",
             handovers.clone(),
         );
+        let tunnel_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "tunnel_refused",
+            "Tunnel streams refused, by reason: not_gateway (the client certificate names none of tunnel.tls.gatewayIdentities), no_certificate, account_held (the account's streams are open from another agent identity)",
+            tunnel_refused.clone(),
+        );
         let journal_dropped = Counter::default();
         registry.register(
             "journal_dropped",
@@ -185,6 +199,7 @@ impl Metrics {
                 cache_watches,
                 cache_watches_expired,
                 handovers,
+                tunnel_refused,
                 journal_dropped,
                 resource_version_writes,
                 requests,
@@ -192,6 +207,7 @@ impl Metrics {
                 registrations,
                 registration_failures,
                 objects,
+                api_server_reachable,
                 cache_bytes,
                 state,
             }),
@@ -241,6 +257,14 @@ impl Metrics {
                 ("outcome".to_owned(), outcome.to_owned()),
                 ("reason".to_owned(), reason.to_owned()),
             ])
+            .inc();
+    }
+
+    /// Counts one tunnel stream refused for `reason`.
+    pub fn tunnel_refused(&self, reason: &str) {
+        self.inner
+            .tunnel_refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
     }
 
@@ -298,6 +322,7 @@ impl Metrics {
     pub fn render(&self, accounts: &Accounts) -> String {
         let inner = &self.inner;
         inner.objects.clear();
+        inner.api_server_reachable.clear();
         inner.cache_bytes.clear();
         inner.state.clear();
         for account in accounts.all() {
@@ -322,6 +347,10 @@ impl Metrics {
                 .cache_bytes
                 .get_or_create(&label)
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            inner
+                .api_server_reachable
+                .get_or_create(&label)
+                .set(i64::from(account.api_down().is_none()));
             let presence = account.presence();
             for (name, p) in [
                 ("online", Presence::Online),

@@ -4,6 +4,7 @@
 
 mod common;
 
+use anyhow::Context as _;
 use common::*;
 use serde_json::{Value, json};
 use spinlink_proto::v1::{self, cache_up};
@@ -253,7 +254,10 @@ async fn streams_are_checked() -> anyhow::Result<()> {
 
     // First message not open, or open for another account.
     for first in [
-        cache_up::Msg::Heartbeat(v1::Heartbeat { unix_millis: 1 }),
+        cache_up::Msg::Heartbeat(v1::Heartbeat {
+            unix_millis: 1,
+            ..Default::default()
+        }),
         cache_up::Msg::Open(v1::CacheOpen {
             account: "other".into(),
             agent_id: "x".into(),
@@ -368,5 +372,76 @@ async fn metrics_count_what_each_account_caches() -> anyhow::Result<()> {
     prod.wait_acked().await?;
     let shrunk = metrics(&http, &metrics_url).await?;
     assert_eq!(bytes(&shrunk, "prod"), prod_bytes, "{shrunk}");
+    sidecar.stop().await
+}
+
+/// While its agent says the cluster's API server does not answer, reads
+/// from the cache carry a Warning kubectl prints, the accounts API says so
+/// and a gauge counts it; once it answers again, all of that goes.
+#[tokio::test]
+async fn reads_say_when_the_api_server_is_out_of_reach() -> anyhow::Result<()> {
+    let sidecar = start().await?;
+    let http = http();
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    sync(
+        &mut cache,
+        &pods,
+        &[pod("demo", "web-1", "3", json!({"app": "web"}))],
+    )
+    .await?;
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods");
+    let metrics_url = sidecar.url("/metrics");
+    let beat = |since: i64, error: &str| {
+        cache_up::Msg::Heartbeat(v1::Heartbeat {
+            unix_millis: 1,
+            api_unreachable_since_unix_millis: since,
+            api_error: error.into(),
+        })
+    };
+
+    let fresh = get(&http, &url).await?;
+    assert_eq!(fresh.status, 200);
+    assert!(fresh.headers.get("warning").is_none());
+    let since = chrono::Utc::now().timestamp_millis() - 5_000;
+    cache
+        .send(beat(since, "dial tcp 10.0.0.1:443: connect: \"refused\""))
+        .await?;
+    cache.wait_acked().await?;
+    let stale = get(&http, &url).await?;
+    assert_eq!(stale.status, 200, "the cache still answers");
+    let warning = stale
+        .headers
+        .get("warning")
+        .context("no Warning on a read while the API server is out of reach")?
+        .to_str()?;
+    assert!(
+        warning.starts_with(
+            "299 - \"spinlink: account prod's agent has not reached the cluster's API server since "
+        ) && warning.contains("may be stale")
+            && warning.contains("connect: refused"),
+        "{warning}"
+    );
+    let view = get(&http, &sidecar.url("/v1/accounts/prod")).await?.json();
+    assert_eq!(view["apiServer"]["reachable"], false, "{view}");
+    assert!(view["apiServer"]["unreachableSince"].is_string(), "{view}");
+    let m = metrics(&http, &metrics_url).await?;
+    assert_eq!(
+        sample(&m, "spinlink_sidecar_api_server_reachable", "prod"),
+        Some(0.0)
+    );
+
+    cache.send(beat(0, "")).await?;
+    cache.wait_acked().await?;
+    assert!(get(&http, &url).await?.headers.get("warning").is_none());
+    let view = get(&http, &sidecar.url("/v1/accounts/prod")).await?.json();
+    assert_eq!(view["apiServer"], json!({"reachable": true}));
+    let m = metrics(&http, &metrics_url).await?;
+    assert_eq!(
+        sample(&m, "spinlink_sidecar_api_server_reachable", "prod"),
+        Some(1.0)
+    );
+    drop(cache);
     sidecar.stop().await
 }

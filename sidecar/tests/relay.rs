@@ -634,3 +634,110 @@ async fn a_pod_deleted_gracefully_stays_cached_until_its_watch_event() -> anyhow
     }
     sidecar.stop().await
 }
+
+/// Another agent's identity, granted the same account (by a second
+/// gateway replica's policy, say).
+const OTHER: &str = "spiffe://spinlink.dev/agent/other";
+
+/// Relays one GET and answers it on `relay` with `body`; returns what the
+/// facade client got.
+async fn relayed_by(
+    sidecar: &Running,
+    relay: &mut RelayStream,
+    body: &str,
+) -> anyhow::Result<Answer> {
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log");
+    let client = spawn_request(&http(), "GET", &url, &[], "");
+    let id = next_request(relay, "GET").await?;
+    relay.send(head(id, 200)).await?;
+    relay.send(chunk(id, body, true)).await?;
+    client.await?
+}
+
+#[tokio::test]
+async fn a_newer_relay_stream_of_the_same_identity_serves_and_its_close_restores_the_older()
+-> anyhow::Result<()> {
+    // The agent moving connections: a second relay stream opens before
+    // the first closes — or the second breaks first.
+    let (sidecar, mut first, _cache) = setup().await?;
+    let account = sidecar.accounts.get("prod").expect("prod");
+    let serving = || account.relay().map(|r| r.serial());
+    let first_serial = serving();
+    let mut client = sidecar.client().await?;
+    let mut second = RelayStream::open(&mut client, "prod").await?;
+    assert_ne!(serving(), first_serial, "the newer stream serves");
+    let answer = relayed_by(&sidecar, &mut second, "from the second").await?;
+    assert_eq!(answer.body, "from the second");
+
+    // The second goes; the first is still open and serves again.
+    drop(second);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while serving() != first_serial {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first relay stream, still open, does not serve again: {:?}",
+            sidecar.accounts.status("prod")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answer = relayed_by(&sidecar, &mut first, "from the first").await?;
+    assert_eq!(
+        (answer.status, &answer.body[..]),
+        (200, &b"from the first"[..])
+    );
+    assert!(sidecar.accounts.status("prod").is_some_and(|s| s.relay));
+
+    // With both gone there is no relay.
+    drop(first);
+    wait_status(&sidecar, "prod", |s| !s.relay).await?;
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn another_identity_never_replaces_open_streams() -> anyhow::Result<()> {
+    let (sidecar, mut relay, cache) = setup().await?;
+    let mut client = sidecar.client().await?;
+    let refused = RelayStream::open_as(&mut client, "prod", OTHER)
+        .await
+        .err()
+        .expect("another identity's relay stream replaced the open one");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("another agent identity")
+            && !refused.message().contains(IDENTITY),
+        "the refused agent is not told who holds the account: {refused:?}"
+    );
+    let refused = CacheStream::open_as(&mut client, "prod", OTHER, 1, &[])
+        .await
+        .err()
+        .expect("another identity's cache stream was taken");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    let status = sidecar.accounts.status("prod").expect("prod");
+    assert_eq!(
+        (status.agent_identity.as_str(), status.cache_streams),
+        (IDENTITY, 1)
+    );
+    assert_eq!(
+        metric(
+            &sidecar,
+            r#"spinlink_sidecar_tunnel_refused_total{reason="account_held"}"#
+        )
+        .await?,
+        2.0
+    );
+    // The holder's relay still serves.
+    let answer = relayed_by(&sidecar, &mut relay, "holder").await?;
+    assert_eq!(answer.body, "holder");
+
+    // Once the holder's streams have all closed, the account may move to
+    // the other identity (a redeployed agent with a new certificate).
+    drop(relay);
+    drop(cache);
+    wait_status(&sidecar, "prod", |s| !s.relay && !s.online).await?;
+    let mut moved = RelayStream::open_as(&mut client, "prod", OTHER).await?;
+    let _cache = CacheStream::open_as(&mut client, "prod", OTHER, 1, &[]).await?;
+    wait_status(&sidecar, "prod", |s| s.online && s.agent_identity == OTHER).await?;
+    let answer = relayed_by(&sidecar, &mut moved, "moved").await?;
+    assert_eq!(answer.body, "moved");
+    sidecar.stop().await
+}

@@ -226,6 +226,27 @@ pub fn kube_sim_with(dir: &Path, extra: &[&str]) -> (Proc, PathBuf) {
     (sim, kubeconfig)
 }
 
+/// Starts `spinlink dev` with its state in `state`, in front of the cluster
+/// `kubeconfig` names (its own kube-sim without one), on free ports; returns
+/// once it is ready.
+pub fn dev(dir: &Path, state: &Path, kubeconfig: Option<&Path>) -> Proc {
+    let mut args = vec![
+        "dev",
+        "--state-dir",
+        state.to_str().expect("a UTF-8 temp path"),
+        "--gateway-listen",
+        "127.0.0.1:0",
+        "--facade-listen",
+        "127.0.0.1:0",
+    ];
+    if let Some(k) = kubeconfig {
+        args.extend(["--kubeconfig", k.to_str().expect("a UTF-8 temp path")]);
+    }
+    let mut dev = Proc::start("dev", dir, &args);
+    dev.wait_line("ready: ");
+    dev
+}
+
 /// Real kubectl with a private HOME and discovery cache.
 pub struct Kubectl {
     home: PathBuf,

@@ -256,6 +256,14 @@ pub fn dev_agent_identity(agent_id: &str) -> String {
     format!("spiffe://{DEV_TRUST_DOMAIN}/agent/{agent_id}")
 }
 
+/// The identity (URI SAN) of the development gateway certificate: what a
+/// development sidecar names in `tunnel.tls.gatewayIdentities`. Agents'
+/// certificates, signed by the same CA, carry [`dev_agent_identity`]s
+/// instead, so a sidecar refuses them.
+pub fn dev_gateway_identity() -> String {
+    format!("spiffe://{DEV_TRUST_DOMAIN}/gateway")
+}
+
 /// The files of a development PKI directory, as [`DevPki::ensure`] lays them out.
 #[derive(Debug, Clone)]
 pub struct DevPki {
@@ -285,7 +293,7 @@ impl DevPki {
         };
         if !pki.cert("gateway").exists() {
             let leaf = local(Leaf::server("spinlink-gateway").also_client())
-                .with_uri(&format!("spiffe://{DEV_TRUST_DOMAIN}/gateway"));
+                .with_uri(&dev_gateway_identity());
             ca.issue(&leaf)?.write(dir, "gateway")?;
         }
         if !pki.cert("sidecar").exists() {

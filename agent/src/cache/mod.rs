@@ -10,6 +10,7 @@
 //! (which make kinds list again) and heartbeats.
 
 pub mod active;
+pub mod health;
 pub mod outbox;
 pub mod watch;
 
@@ -149,6 +150,7 @@ pub async fn run(
         Err(_) => debug!(%account, "no resume points; listing every kind"),
     }
 
+    let api = Arc::new(health::ApiHealth::default());
     let ctx = Arc::new(WatchContext {
         account: account.clone(),
         client: cluster.client.clone(),
@@ -158,6 +160,7 @@ pub async fn run(
         total_budget: settings.total_budget.clone(),
         account_budget: settings.account_budget.clone(),
         metrics: settings.metrics.clone(),
+        api: api.clone(),
     });
     let (resync_tx, resync_rx) = mpsc::channel(RESYNC_QUEUE);
     let watches = Watches {
@@ -175,7 +178,12 @@ pub async fn run(
             account: account.clone(),
         })
         .clone();
-    tasks.spawn(heartbeat(outbox.clone(), settings.heartbeat, lag.clone()));
+    tasks.spawn(heartbeat(
+        outbox.clone(),
+        settings.heartbeat,
+        lag.clone(),
+        api,
+    ));
 
     let gauge = settings
         .metrics
@@ -345,17 +353,26 @@ async fn heartbeat(
     outbox: Arc<Outbox>,
     period: Duration,
     lag: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    api: Arc<health::ApiHealth>,
 ) {
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate
     loop {
-        ticks.tick().await;
+        // On the period, and at once when the API server stops or starts
+        // answering.
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = api.changed() => {}
+        }
         // Acks refresh the lag; when they stop coming, so does that, so the
         // heartbeat refreshes it too (before its own message joins the window).
         lag.set(outbox.lag().as_secs_f64());
+        let (since, error) = api.down().unwrap_or_default();
         let beat = cache_up::Msg::Heartbeat(v1::Heartbeat {
             unix_millis: unix_millis(),
+            api_unreachable_since_unix_millis: since,
+            api_error: error,
         });
         outbox.push(beat).await;
     }

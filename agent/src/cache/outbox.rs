@@ -235,7 +235,10 @@ mod tests {
     use std::time::Duration;
 
     fn beat(n: i64) -> cache_up::Msg {
-        cache_up::Msg::Heartbeat(v1::Heartbeat { unix_millis: n })
+        cache_up::Msg::Heartbeat(v1::Heartbeat {
+            unix_millis: n,
+            ..Default::default()
+        })
     }
 
     fn millis(m: &CacheUp) -> i64 {

@@ -103,6 +103,8 @@ pub struct WatchContext {
     pub account_budget: Arc<Semaphore>,
     /// Counters.
     pub metrics: Metrics,
+    /// Whether the API server answers; every request reports to it.
+    pub api: Arc<super::health::ApiHealth>,
 }
 
 impl std::fmt::Debug for WatchContext {
@@ -359,12 +361,19 @@ impl KindWatch {
             .header(http::header::ACCEPT, "application/json")
             .body(kube::client::Body::empty())
             .map_err(|e| Error::Parse(e.to_string()))?;
-        let response = self
-            .ctx
-            .client
-            .send(request)
-            .await
-            .map_err(Error::Request)?;
+        let response = match self.ctx.client.send(request).await {
+            Ok(response) => response,
+            Err(e) => {
+                self.ctx.api.failed(&e.to_string());
+                return Err(Error::Request(e));
+            }
+        };
+        // A 5xx is the API server (or what fronts it) failing; anything
+        // else is an answer.
+        match response.status().as_u16() {
+            s @ 500..=599 => self.ctx.api.failed(&format!("HTTP {s}")),
+            _ => self.ctx.api.answered(),
+        }
         match response.status().as_u16() {
             200..=299 => Ok(response.into_body()),
             410 => Err(Error::Gone),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use spinlink_agent::{Agent, Config};
 use spinlink_kube_sim::{Server, Sim};
-use spinlink_tls::dev::{DevPki, dev_agent_identity};
+use spinlink_tls::dev::{DevPki, dev_agent_identity, dev_gateway_identity};
 use tokio_util::sync::CancellationToken;
 
 pub const AGENT: &str = "a1";
@@ -98,7 +98,8 @@ pub async fn chain() -> Chain {
     let sidecar_config = json!({
         "instanceId": "sc",
         "tunnel": {"listen": "127.0.0.1:0", "tls": {"certFile": pki.cert("sidecar"),
-            "keyFile": pki.key("sidecar"), "clientCaFile": pki.ca_cert()}},
+            "keyFile": pki.key("sidecar"), "clientCaFile": pki.ca_cert(),
+            "gatewayIdentities": [dev_gateway_identity()]}},
         "facade": {"listen": "127.0.0.1:0"},
         "store": {"url": format!("sqlite://{}", dir.join("sidecar.db").display())},
     });

@@ -328,7 +328,10 @@ impl AgentRole {
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
                     let beat = ControlEvent {
-                        event: Some(control_event::Event::Heartbeat(Heartbeat { unix_millis })),
+                        event: Some(control_event::Event::Heartbeat(Heartbeat {
+                            unix_millis,
+                            ..Default::default()
+                        })),
                     };
                     link.data(id, &grpc_message(&beat), false);
                     let every = self

@@ -183,7 +183,10 @@ async fn heartbeats(weak: tokio::sync::mpsc::WeakSender<ControlItem>, every: Dur
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let beat = ControlEvent {
-            event: Some(control_event::Event::Heartbeat(Heartbeat { unix_millis })),
+            event: Some(control_event::Event::Heartbeat(Heartbeat {
+                unix_millis,
+                ..Default::default()
+            })),
         };
         if let Err(TrySendError::Closed(_)) = tx.try_send(Ok(beat)) {
             return;

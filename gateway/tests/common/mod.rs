@@ -157,6 +157,7 @@ impl Tunnel for FakeTunnel {
                 let beat = AssignmentsDown {
                     msg: Some(assignments_down::Msg::Heartbeat(Heartbeat {
                         unix_millis: 1,
+                        ..Default::default()
                     })),
                 };
                 if tx.send(Ok(beat)).await.is_err() {
@@ -188,6 +189,7 @@ impl Tunnel for FakeTunnel {
                 let down = RelayDown {
                     msg: Some(relay_down::Msg::Heartbeat(spinlink_proto::v1::Heartbeat {
                         unix_millis: n,
+                        ..Default::default()
                     })),
                 };
                 if tx.send(Ok(down)).await.is_err() {

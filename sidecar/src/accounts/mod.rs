@@ -160,6 +160,23 @@ pub struct AccountStatus {
     pub kinds: Vec<KindStatus>,
     /// Registration with Clouddriver.
     pub registration: Registration,
+    /// Whether its agent reaches the cluster's API server: while it does
+    /// not, answers from the cache carry a `Warning`.
+    pub api_server: ApiServerStatus,
+}
+
+/// What an account's agent last said of the cluster's API server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerStatus {
+    /// The API server answers the agent (or nothing says otherwise).
+    pub reachable: bool,
+    /// Since when it has not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<DateTime<Utc>>,
+    /// The agent's last failed request, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 impl AccountStatus {
@@ -323,7 +340,10 @@ struct State {
     /// The CA fingerprint of the cluster whose streams filled the cache;
     /// empty when unknown.
     cluster: String,
-    relay: Option<RelayHandle>,
+    /// The relay streams open from `agent_identity`, oldest first; the
+    /// newest serves. One per open stream, so bounded by the streams a
+    /// gateway carries for an identity.
+    relays: Vec<RelayHandle>,
     highest_seq: Option<u64>,
     /// Since when no cache stream is open (`None` while online).
     offline_since: Option<(Instant, DateTime<Utc>)>,
@@ -336,6 +356,9 @@ struct State {
     registration: Registration,
     /// The namespaces its agent watches, as its last cache stream said.
     scope: NamespaceScope,
+    /// Since when its agent has not reached the cluster's API server, and
+    /// why, as its last heartbeat said (`None` while it does).
+    api_down: Option<(DateTime<Utc>, String)>,
 }
 
 /// The namespaces an agent watches for an account (`CacheOpen`).
@@ -363,13 +386,14 @@ impl Account {
                 cache_streams: 0,
                 cache_generation: 0,
                 cluster: String::new(),
-                relay: None,
+                relays: Vec::new(),
                 highest_seq: None,
                 offline_since: Some((Instant::now(), Utc::now())),
                 removed: false,
                 withdrawn: false,
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
+                api_down: None,
                 scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
@@ -398,16 +422,39 @@ impl Account {
     }
 
     /// A cache stream from `identity` opened: the account is online.
+    /// Unchecked: the tunnel opens streams with [`Account::open_cache`].
     pub fn cache_opened(&self, identity: &str) {
         {
             let mut s = lock(&self.state);
-            s.cache_streams += 1;
-            s.cache_generation += 1;
-            identity.clone_into(&mut s.agent_identity);
-            s.offline_since = None;
-            s.removed = false;
+            opened(&mut s, identity);
         }
         self.changed();
+    }
+
+    /// Whether a stream from `identity` may open: not while another
+    /// identity has a stream of the account open here (a second stream of
+    /// the same identity — an agent moving connections — may). Checked
+    /// again, atomically, by [`Account::open_cache`] and
+    /// [`Account::attach_relay`]; this is for refusing before anything
+    /// else is done for the stream.
+    pub fn admits(&self, identity: &str) -> Result<(), AccountHeld> {
+        held_by_another(&self.name, &lock(&self.state), identity)
+    }
+
+    /// A cache stream from `identity` watching `scope` opens, unless the
+    /// account is held by another identity ([`Account::admits`]): the
+    /// account is online. The scope is set first, under the same lock:
+    /// opening wakes whoever registers the account, and the registration
+    /// carries it.
+    pub fn open_cache(&self, identity: &str, scope: NamespaceScope) -> Result<(), AccountHeld> {
+        {
+            let mut s = lock(&self.state);
+            held_by_another(&self.name, &s, identity)?;
+            s.scope = scope;
+            opened(&mut s, identity);
+        }
+        self.changed();
+        Ok(())
     }
 
     /// The namespaces its agent watches, from the newest cache stream's
@@ -550,34 +597,35 @@ impl Account {
             let mut s = lock(&self.state);
             let old = std::mem::take(&mut s.connection);
             old.cancel();
-            s.relay = None;
+            s.relays.clear();
             s.cache_streams > 0
         };
         self.changed();
         had
     }
 
-    /// Attaches a relay stream, replacing any earlier one (its requests in
-    /// flight finish on it).
-    pub fn attach_relay(&self, identity: &str, handle: RelayHandle) {
+    /// Attaches a relay stream from `identity`, unless the account is held
+    /// by another identity ([`Account::admits`]). The newest stream serves
+    /// new requests; the earlier ones stay attached behind it (their
+    /// requests in flight finish on them) and serve again if it closes
+    /// first.
+    pub fn attach_relay(&self, identity: &str, handle: RelayHandle) -> Result<(), AccountHeld> {
         let mut s = lock(&self.state);
-        if s.agent_identity.is_empty() {
-            identity.clone_into(&mut s.agent_identity);
-        }
-        s.relay = Some(handle);
+        held_by_another(&self.name, &s, identity)?;
+        identity.clone_into(&mut s.agent_identity);
+        s.relays.push(handle);
+        Ok(())
     }
 
-    /// Detaches the relay stream `serial` if it is still the attached one.
+    /// Detaches the relay stream `serial`, which closed: the newest one
+    /// still open serves.
     pub fn detach_relay(&self, serial: u64) {
-        let mut s = lock(&self.state);
-        if s.relay.as_ref().is_some_and(|r| r.serial() == serial) {
-            s.relay = None;
-        }
+        lock(&self.state).relays.retain(|r| r.serial() != serial);
     }
 
-    /// The attached relay stream.
+    /// The relay stream that serves: the newest open one.
     pub fn relay(&self) -> Option<RelayHandle> {
-        lock(&self.state).relay.clone()
+        lock(&self.state).relays.last().cloned()
     }
 
     /// A new request id, unique within the account.
@@ -654,17 +702,18 @@ impl Account {
 
     /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
     pub fn status(&self) -> AccountStatus {
-        let (identity, presence, streams, relay, offline, registration) = {
+        let (identity, presence, streams, relay, offline, registration, api_down) = {
             let s = lock(&self.state);
             (
                 s.agent_identity.clone(),
                 presence_of(&s),
                 s.cache_streams,
-                s.relay.is_some(),
+                !s.relays.is_empty(),
                 s.offline_since
                     .filter(|_| s.cache_streams == 0)
                     .map(|(i, _)| i.elapsed().as_secs()),
                 s.registration.clone(),
+                s.api_down.clone(),
             )
         };
         let cache = self.read_cache();
@@ -698,8 +747,62 @@ impl Account {
             relay,
             kinds,
             registration,
+            api_server: ApiServerStatus {
+                reachable: api_down.is_none(),
+                unreachable_since: api_down.as_ref().map(|(since, _)| *since),
+                last_error: api_down.map(|(_, e)| e),
+            },
         }
     }
+
+    /// Records what its agent's heartbeat says of the cluster's API server:
+    /// unreachable since `since_unix_millis` (0: it answers), and why.
+    pub fn set_api_health(&self, since_unix_millis: i64, error: &str) {
+        let down = (since_unix_millis > 0).then(|| {
+            let since = DateTime::from_timestamp_millis(since_unix_millis).unwrap_or_else(Utc::now);
+            // Bounded: it is shown in warnings and the accounts API.
+            (since, error.chars().take(256).collect())
+        });
+        lock(&self.state).api_down = down;
+    }
+
+    /// Since when its agent has not reached the cluster's API server, and
+    /// why; `None` while it does.
+    pub fn api_down(&self) -> Option<(DateTime<Utc>, String)> {
+        lock(&self.state).api_down.clone()
+    }
+}
+
+/// A stream was refused: the account's streams here are open from another
+/// agent identity. The refused agent is not told which.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "account {account:?} is served by another agent identity on this sidecar; refused while its streams are open"
+)]
+pub struct AccountHeld {
+    /// The account.
+    pub account: String,
+    /// The identity whose streams are open (for the log, not the agent).
+    pub holder: String,
+}
+
+fn held_by_another(account: &str, s: &State, identity: &str) -> Result<(), AccountHeld> {
+    let held = s.cache_streams > 0 || !s.relays.is_empty();
+    if held && s.agent_identity != identity {
+        return Err(AccountHeld {
+            account: account.to_owned(),
+            holder: s.agent_identity.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn opened(s: &mut State, identity: &str) {
+    s.cache_streams += 1;
+    s.cache_generation += 1;
+    identity.clone_into(&mut s.agent_identity);
+    s.offline_since = None;
+    s.removed = false;
 }
 
 fn presence_of(s: &State) -> Presence {
@@ -818,7 +921,7 @@ impl Accounts {
                     name: a.name.clone(),
                     state: presence_of(&s),
                     cache_streams: s.cache_streams,
-                    relay: s.relay.is_some(),
+                    relay: !s.relays.is_empty(),
                 });
         }
         by_identity
@@ -1087,6 +1190,7 @@ mod tests {
             relay: true,
             kinds: Vec::new(),
             registration: Registration::default(),
+            api_server: ApiServerStatus::default(),
         };
         assert!(ready.ready());
         assert!(

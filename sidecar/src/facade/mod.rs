@@ -235,9 +235,7 @@ impl Facade {
             });
             if let Some(mut resp) = cached {
                 self.metrics.request(&name, verb, Source::Cache);
-                if stale {
-                    warn_stale(&account, &mut resp);
-                }
+                warn_stale(&account, stale, &mut resp);
                 return resp;
             }
         }
@@ -270,9 +268,7 @@ impl Facade {
                 if let Some(mut resp) = openapi::serve(&self.openapi, &account, key, req.headers())
                 {
                     self.metrics.request(&name, verb, Source::Cache);
-                    if stale {
-                        warn_stale(&account, &mut resp);
-                    }
+                    warn_stale(&account, stale, &mut resp);
                     return resp;
                 }
                 Some(flight)
@@ -292,16 +288,36 @@ impl Facade {
     }
 }
 
-/// The `Warning` header of an answer from a stale account's cache. kubectl
-/// prints warnings with code 299 to its stderr.
-fn warn_stale(account: &Account, resp: &mut Response<Body>) {
-    let offline = accounts::age_seconds(account.offline_since());
-    let text = format!(
-        "299 - \"spinlink: account {} is offline; this answer is from a cache {offline}s old\"",
-        account.name()
-    );
-    if let Ok(v) = header::HeaderValue::from_str(&text) {
-        resp.headers_mut().append(header::WARNING, v);
+/// The `Warning` headers of an answer from an account's cache that may be
+/// stale: its agent is offline (`offline`), or its agent cannot reach the
+/// cluster's API server. kubectl prints warnings with code 299 to its
+/// stderr.
+fn warn_stale(account: &Account, offline: bool, resp: &mut Response<Body>) {
+    let mut texts = Vec::new();
+    if offline {
+        let age = accounts::age_seconds(account.offline_since());
+        texts.push(format!(
+            "299 - \"spinlink: account {} is offline; this answer is from a cache {age}s old\"",
+            account.name()
+        ));
+    }
+    if let Some((since, error)) = account.api_down() {
+        let age = (chrono::Utc::now() - since).num_seconds().max(0);
+        // The error is the agent's words: keep them to what a header holds.
+        let error: String = error
+            .chars()
+            .filter(|c| c.is_ascii() && !c.is_ascii_control() && !matches!(c, '"' | '\\'))
+            .collect();
+        texts.push(format!(
+            "299 - \"spinlink: account {}'s agent has not reached the cluster's API server since {} ({age}s); this answer is from its cache and may be stale: {error}\"",
+            account.name(),
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        ));
+    }
+    for text in texts {
+        if let Ok(v) = header::HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
     }
 }
 

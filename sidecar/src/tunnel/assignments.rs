@@ -153,7 +153,10 @@ pub async fn run(
             _ = poll.tick() => {}
             r = changes.changed() => if r.is_err() { return },
             _ = heartbeat.tick() => {
-                let beat = Heartbeat { unix_millis: chrono::Utc::now().timestamp_millis() };
+                let beat = Heartbeat {
+                unix_millis: chrono::Utc::now().timestamp_millis(),
+                ..Default::default()
+            };
                 if tx.send(down(assignments_down::Msg::Heartbeat(beat))).await.is_err() {
                     return;
                 }

@@ -155,9 +155,13 @@ pub async fn run(
             }
         }
         if let Some(msg) = up.msg.filter(|_| !duplicate) {
-            if let cache_up::Msg::Heartbeat(_) = &msg {
+            if let cache_up::Msg::Heartbeat(h) = &msg {
+                account.set_api_health(h.api_unreachable_since_unix_millis, &h.api_error);
                 let now = chrono::Utc::now().timestamp_millis();
-                let beat = v1::Heartbeat { unix_millis: now };
+                let beat = v1::Heartbeat {
+                    unix_millis: now,
+                    ..Default::default()
+                };
                 if !send(&down, cache_down::Msg::Heartbeat(beat)).await {
                     break;
                 }

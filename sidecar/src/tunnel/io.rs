@@ -11,11 +11,14 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+use super::gateways::Peer;
+
 /// An accepted tunnel connection.
 #[derive(Debug)]
 pub struct TunnelIo {
     inner: Inner,
     peer: SocketAddr,
+    gateway: Peer,
 }
 
 #[derive(Debug)]
@@ -31,6 +34,8 @@ pub struct ConnectInfo {
     pub peer: SocketAddr,
     /// The peer presented a (verified) client certificate.
     pub client_certificate: bool,
+    /// Whether the peer is a gateway the tunnel serves.
+    pub gateway: Peer,
 }
 
 impl TunnelIo {
@@ -39,14 +44,17 @@ impl TunnelIo {
         Self {
             inner: Inner::Plain(tcp),
             peer,
+            gateway: Peer::Plaintext,
         }
     }
 
-    /// A TLS connection.
-    pub fn tls(tls: TlsStream<TcpStream>, peer: SocketAddr) -> Self {
+    /// A TLS connection whose peer was judged `gateway` when its
+    /// handshake completed.
+    pub fn tls(tls: TlsStream<TcpStream>, peer: SocketAddr, gateway: Peer) -> Self {
         Self {
             inner: Inner::Tls(Box::new(tls)),
             peer,
+            gateway,
         }
     }
 }
@@ -62,6 +70,7 @@ impl Connected for TunnelIo {
         ConnectInfo {
             peer: self.peer,
             client_certificate,
+            gateway: self.gateway.clone(),
         }
     }
 }

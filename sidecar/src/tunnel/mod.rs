@@ -1,16 +1,19 @@
 //! The tunnel: the gRPC server the gateways carry agent streams to. It accepts
-//! TCP connections, terminates mTLS (a gateway client certificate is
-//! required) or, in insecure mode, plaintext HTTP/2, and serves the
+//! TCP connections, terminates mTLS (a client certificate of one of the
+//! configured gateways is required, [`gateways`]) or, in insecure mode,
+//! plaintext HTTP/2, and serves the
 //! `spinlink.v1.Tunnel` service: `Cache` streams go to [`cache`], `Relay`
 //! streams to [`relay`], `Assignments` streams to [`assignments`]; `Hello`
 //! belongs to the gateway.
 //!
 //! Every stream names its account and agent in the `spinlink-verified-*`
-//! headers the gateway sets; the first message must be `open` for the same
-//! account.
+//! headers the gateway sets, believed only on a gateway's connection; the
+//! first message must be `open` for the same account. An account's streams
+//! come from one agent identity at a time ([`crate::accounts::AccountHeld`]).
 
 pub mod assignments;
 pub mod cache;
+pub mod gateways;
 mod io;
 pub mod relay;
 
@@ -28,10 +31,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::accounts::{Accounts, NamespaceScope, Presence};
+use crate::accounts::{AccountHeld, Accounts, NamespaceScope, Presence};
 use crate::handover::Handover;
+use crate::metrics::Metrics;
 use crate::ownership::{ClaimError, Ownership};
 use crate::store::{AccountState, Store};
+use gateways::{Gateways, Peer};
 pub use io::{ConnectInfo, TunnelIo};
 use relay::RelayHandle;
 
@@ -41,6 +46,9 @@ pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepted connections queued for the gRPC server.
 pub const DEFAULT_ACCEPT_QUEUE: usize = 64;
+/// The `reason` of refusals of a stream whose account another agent
+/// identity holds.
+pub const REFUSED_ACCOUNT_HELD: &str = "account_held";
 
 /// The `Tunnel` service.
 #[derive(Debug, Clone)]
@@ -51,6 +59,7 @@ pub struct TunnelService {
     ownership: Option<Arc<Ownership>>,
     dynamic: Option<Arc<crate::dynamic::Dynamic>>,
     handover: Option<Arc<Handover>>,
+    metrics: Metrics,
 }
 
 impl TunnelService {
@@ -63,7 +72,25 @@ impl TunnelService {
             ownership: None,
             dynamic: None,
             handover: None,
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Counts refused streams in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The refusal of a stream of an account another identity holds:
+    /// logged with both identities, counted, and answered without naming
+    /// the holder.
+    fn held(&self, stream: &str, identity: &str, e: AccountHeld) -> Status {
+        tracing::warn!(account = %e.account, agent = %identity, holder = %e.holder, stream,
+            "stream refused: the account's streams are open from another agent identity");
+        self.metrics.tunnel_refused(REFUSED_ACCOUNT_HELD);
+        Status::failed_precondition(e.to_string())
     }
 
     /// Takes accounts over warm from the sidecar that held them (needs
@@ -209,6 +236,12 @@ impl Tunnel for TunnelService {
             }
             _ => return Err(Status::invalid_argument("the first message must be open")),
         };
+        // Before anything is claimed or recorded for the stream.
+        if let Some(account) = self.accounts.get(&name) {
+            account
+                .admits(&identity)
+                .map_err(|e| self.held("cache", &identity, e))?;
+        }
         // One name, one cluster: an account already held for a cluster with
         // another CA is refused, loudly, rather than mixing two clusters.
         match self.store.claim_fingerprint(&name, &fingerprint).await {
@@ -259,10 +292,10 @@ impl Tunnel for TunnelService {
         // The account's first stream here decides what its cache starts
         // from; a second one (the agent moving connections) continues it.
         let first = account.presence() != Presence::Online;
-        // Before the stream counts as open: opening wakes whoever registers
-        // the account, and the registration carries the scope.
-        account.set_scope(scope);
-        account.cache_opened(&identity);
+        // Checked again: another identity's stream may have opened since.
+        account
+            .open_cache(&identity, scope)
+            .map_err(|e| self.held("cache", &identity, e))?;
         let takeover = match (&self.handover, claimed) {
             (Some(handover), Some(previous)) if first => Some((handover.clone(), previous)),
             _ => None,
@@ -309,7 +342,9 @@ impl Tunnel for TunnelService {
         let account = self.accounts.get_or_create(&name);
         let (tx, rx) = mpsc::channel(relay::DEFAULT_DOWN_CAPACITY);
         let handle = RelayHandle::new(tx);
-        account.attach_relay(&identity, handle.clone());
+        account
+            .attach_relay(&identity, handle.clone())
+            .map_err(|e| self.held("relay", &identity, e))?;
         tracing::info!(account = %name, agent = %identity, "relay stream open");
         let stop = account.stream_token(&self.shutdown);
         tokio::spawn(relay::run(account, handle, inbound, stop));
@@ -321,8 +356,14 @@ impl Tunnel for TunnelService {
 /// How the tunnel listener authenticates its peers.
 #[derive(Clone)]
 pub enum Security {
-    /// mTLS with a required client certificate.
-    Tls(TlsAcceptor),
+    /// mTLS with a required client certificate; streams are served only
+    /// on connections whose certificate names one of `gateways`.
+    Tls {
+        /// Verifies the client certificate against the client CA.
+        acceptor: TlsAcceptor,
+        /// The identities served.
+        gateways: Arc<Gateways>,
+    },
     /// Plaintext HTTP/2 (development only).
     Insecure,
 }
@@ -330,7 +371,7 @@ pub enum Security {
 impl std::fmt::Debug for Security {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Tls(_) => f.write_str("Tls"),
+            Self::Tls { gateways, .. } => f.debug_tuple("Tls").field(gateways).finish(),
             Self::Insecure => f.write_str("Insecure"),
         }
     }
@@ -365,15 +406,23 @@ async fn accept_loop(
                     return;
                 }
             }
-            Security::Tls(acceptor) => {
-                let acceptor = acceptor.clone();
+            Security::Tls { acceptor, gateways } => {
+                let (acceptor, gateways) = (acceptor.clone(), gateways.clone());
                 let out = out.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(DEFAULT_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
                         .await
                     {
                         Ok(Ok(tls)) => {
-                            let _ = out.send(Ok(TunnelIo::tls(tls, peer))).await;
+                            let judged = gateways.judge(tls.get_ref().1.peer_certificates());
+                            if let Peer::NotGateway(identity) = &judged {
+                                // Once per connection: its streams are
+                                // refused (and counted) one by one.
+                                tracing::warn!(%peer, identity = identity.as_deref().unwrap_or("<none>"),
+                                    "tunnel connection from a certificate that is not one of \
+                                     tunnel.tls.gatewayIdentities; its streams will be refused");
+                            }
+                            let _ = out.send(Ok(TunnelIo::tls(tls, peer, judged))).await;
                         }
                         Ok(Err(e)) => {
                             tracing::info!(%peer, error = %e, "tunnel TLS handshake failed")
@@ -394,11 +443,13 @@ pub const TUNNEL_STREAM_WINDOW: u32 = 1 << 20;
 /// connection.
 pub const TUNNEL_CONNECTION_WINDOW: u32 = 64 << 20;
 
-/// Serves the tunnel on `listener` until `shutdown`.
+/// Serves the tunnel on `listener` until `shutdown`; streams from peers
+/// that are not gateways are refused and counted in `metrics`.
 pub async fn serve(
     listener: TcpListener,
     security: Security,
     service: TunnelService,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let (tx, rx) = mpsc::channel(DEFAULT_ACCEPT_QUEUE);
@@ -409,7 +460,10 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .initial_stream_window_size(TUNNEL_STREAM_WINDOW)
         .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
-        .add_service(TunnelServer::new(service))
+        // Before any handler: a peer that is not a gateway gets nowhere.
+        .add_service(TunnelServer::with_interceptor(service, move |r| {
+            gateways::admit(r, &metrics)
+        }))
         .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
         .await;
     accept.abort();

@@ -4,6 +4,8 @@
 #![allow(dead_code, missing_docs)]
 
 use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -11,12 +13,16 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
 use serde_json::Value;
 use spinlink_proto::headers;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{self, cache_down, cache_up, relay_up};
 use spinlink_sidecar::{Config, Sidecar};
+use spinlink_tls::config::{ALPN_H2, ClientFiles, client_config};
+use spinlink_tls::dev::{DevPki, dev_gateway_identity};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -90,10 +96,15 @@ async fn start_yaml(yaml: String) -> anyhow::Result<Running> {
 }
 
 pub fn with_headers<T>(msg: T, account: &str) -> tonic::Request<T> {
+    with_identity(msg, account, IDENTITY)
+}
+
+/// `msg` with the headers a gateway sets for `identity` serving `account`.
+pub fn with_identity<T>(msg: T, account: &str, identity: &str) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     let md = req.metadata_mut();
     md.insert(headers::VERIFIED_ACCOUNT, account.parse().unwrap());
-    md.insert(headers::VERIFIED_IDENTITY, IDENTITY.parse().unwrap());
+    md.insert(headers::VERIFIED_IDENTITY, identity.parse().unwrap());
     md.insert("authorization", "Bearer must-not-leak".parse().unwrap());
     req
 }
@@ -147,6 +158,29 @@ impl CacheStream {
         namespaces: &[&str],
         omit: &[&str],
     ) -> anyhow::Result<Self> {
+        Ok(Self::open_full(client, account, IDENTITY, seq, namespaces, omit).await?)
+    }
+
+    /// Opens the stream as the gateway carries one of agent `identity`;
+    /// a refusal is the sidecar's status.
+    pub async fn open_as(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        identity: &str,
+        seq: u64,
+        namespaces: &[&str],
+    ) -> Result<Self, tonic::Status> {
+        Self::open_full(client, account, identity, seq, namespaces, &[]).await
+    }
+
+    async fn open_full(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        identity: &str,
+        seq: u64,
+        namespaces: &[&str],
+        omit: &[&str],
+    ) -> Result<Self, tonic::Status> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(v1::CacheUp {
             seq,
@@ -158,9 +192,10 @@ impl CacheStream {
                 ..v1::CacheOpen::default()
             })),
         })
-        .await?;
+        .await
+        .expect("the channel has room for open");
         let down = client
-            .cache(with_headers(ReceiverStream::new(rx), account))
+            .cache(with_identity(ReceiverStream::new(rx), account, identity))
             .await?
             .into_inner();
         Ok(Self { tx, down, seq })
@@ -270,6 +305,16 @@ pub struct RelayStream {
 
 impl RelayStream {
     pub async fn open(client: &mut TunnelClient<Channel>, account: &str) -> anyhow::Result<Self> {
+        Ok(Self::open_as(client, account, IDENTITY).await?)
+    }
+
+    /// Opens the stream as the gateway carries one of agent `identity`;
+    /// a refusal is the sidecar's status.
+    pub async fn open_as(
+        client: &mut TunnelClient<Channel>,
+        account: &str,
+        identity: &str,
+    ) -> Result<Self, tonic::Status> {
         let (tx, rx) = mpsc::channel(64);
         tx.send(v1::RelayUp {
             msg: Some(relay_up::Msg::Open(v1::RelayOpen {
@@ -277,9 +322,10 @@ impl RelayStream {
                 agent_id: "test".into(),
             })),
         })
-        .await?;
+        .await
+        .expect("the channel has room for open");
         let down = client
-            .relay(with_headers(ReceiverStream::new(rx), account))
+            .relay(with_identity(ReceiverStream::new(rx), account, identity))
             .await?
             .into_inner();
         Ok(Self { tx, down })
@@ -392,6 +438,62 @@ pub async fn wait_status(
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A sidecar in its production mode: the tunnel on mTLS with `pki`'s
+/// sidecar certificate, serving only the development gateway's identity
+/// (`pki` signs the agents' certificates too), its store in `dir`.
+pub async fn start_tls(pki: &DevPki, dir: &Path) -> anyhow::Result<Running> {
+    start_yaml(format!(
+        "tunnel:\n  listen: 127.0.0.1:0\n  tls: {{ certFile: {}, keyFile: {}, clientCaFile: {}, gatewayIdentities: ['{}'] }}\nfacade: {{ listen: 127.0.0.1:0 }}\nstore: {{ url: sqlite://{} }}\n",
+        pki.cert("sidecar").display(),
+        pki.key("sidecar").display(),
+        pki.ca_cert().display(),
+        dev_gateway_identity(),
+        dir.join("s.db").display(),
+    ))
+    .await
+}
+
+/// A tunnel client over mTLS to `addr`, presenting `pki`'s certificate
+/// `cert` (`gateway`, `agent-<id>`), or none.
+pub async fn tls_client(
+    addr: SocketAddr,
+    pki: &DevPki,
+    cert: Option<&str>,
+) -> anyhow::Result<TunnelClient<Channel>> {
+    let files = cert.map(|name| (pki.cert(name), pki.key(name)));
+    let config = client_config(
+        ClientFiles {
+            ca: &pki.ca_cert(),
+            identity: files.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        },
+        &[ALPN_H2],
+    )?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let connector = connector.clone();
+            async move {
+                let tcp = TcpStream::connect(addr).await?;
+                let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await?;
+    Ok(TunnelClient::new(channel))
+}
+
+/// The value of the sidecar's metric line starting with `series` (name and
+/// labels), 0 when it is absent.
+pub async fn metric(running: &Running, series: &str) -> anyhow::Result<f64> {
+    let text = get(&http(), &running.url("/metrics")).await?;
+    let text = String::from_utf8(text.body.to_vec())?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0))
 }
 
 pub fn fixture(path: &str) -> Value {

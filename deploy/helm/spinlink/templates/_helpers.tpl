@@ -40,6 +40,19 @@ app.kubernetes.io/part-of: spinlink
 {{- default (printf "%s-gateway-tls" (include "spinlink.fullname" .)) .Values.gateway.tlsSecretName -}}
 {{- end -}}
 
+{{- define "spinlink.gateway.internalTlsSecretName" -}}
+{{- default (printf "%s-gateway-internal-tls" (include "spinlink.fullname" .)) .Values.gateway.internalTlsSecretName -}}
+{{- end -}}
+
+{{/*
+The identity (URI SAN) of the gateway's internal certificate, the one it
+presents to the sidecars: what the sidecars' tunnel.tls.gatewayIdentities
+names.
+*/}}
+{{- define "spinlink.gateway.identity" -}}
+{{- printf "spiffe://spinlink/gateway/%s" (include "spinlink.fullname" .) -}}
+{{- end -}}
+
 {{- define "spinlink.sidecar.tlsSecretName" -}}
 {{- default (printf "%s-sidecar-tls" (include "spinlink.fullname" .)) .Values.sidecar.tlsSecretName -}}
 {{- end -}}
@@ -79,7 +92,8 @@ The gateway configuration file (gateway/src/config.rs). Everything under
 {{- $upstreams = list (dict "url" (printf "https://%s:%d" (include "spinlink.sidecar.host" .) (int .Values.sidecar.tunnelPort))) -}}
 {{- end -}}
 {{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
-{{- $upstreamTls := dict "caFile" "/etc/spinlink/tls/ca.crt" "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" -}}
+{{- /* Towards the sidecars: the internal certificate and CA, never the agents'. */ -}}
+{{- $upstreamTls := dict "caFile" "/etc/spinlink/internal-tls/ca.crt" "certFile" "/etc/spinlink/internal-tls/tls.crt" "keyFile" "/etc/spinlink/internal-tls/tls.key" -}}
 {{- if not $g.upstreams -}}
 {{- $_ := set $upstreamTls "serverName" (include "spinlink.sidecar.host" .) -}}
 {{- end -}}
@@ -113,11 +127,13 @@ sidecar container gets PGPASSWORD from passwordSecret.
 
 {{/*
 The sidecar configuration file (sidecar/src/config.rs). The facade listens on
-loopback: only Clouddriver, in the same pod, talks to it.
+loopback: only Clouddriver, in the same pod, talks to it. The tunnel serves
+only the gateway's internal identity (or sidecar.gatewayIdentities).
 */}}
 {{- define "spinlink.sidecar.config" -}}
 {{- $s := .Values.sidecar -}}
-{{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
+{{- $gateways := $s.gatewayIdentities | default (list (include "spinlink.gateway.identity" .)) -}}
+{{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" "gatewayIdentities" $gateways -}}
 {{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
 {{- $r := $s.clouddriver.registration -}}
 {{- if $r.enabled -}}
