@@ -58,6 +58,11 @@ pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_CONTROL_HEARTBEAT_SECONDS: u64 = 30;
 /// Default TLS handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SECONDS: u64 = 10;
+/// Default time an agent has, after its TLS handshake, to send the HTTP/2
+/// preface and first SETTINGS. A client does so at once; a connection that
+/// does not holds a connection slot for nothing (nginx waits
+/// `client_header_timeout`, 60 s; Envoy and HAProxy their idle timeouts).
+pub const DEFAULT_PREFACE_TIMEOUT_SECONDS: u64 = 10;
 /// Default time a PROXY header may take to arrive.
 pub const DEFAULT_PROXY_HEADER_TIMEOUT_SECONDS: u64 = 5;
 /// Default time a connection may go without any open stream. Agents keep
@@ -198,6 +203,9 @@ pub struct ListenerConfig {
     pub proxy_header_timeout_seconds: u64,
     /// Seconds the TLS handshake may take.
     pub handshake_timeout_seconds: u64,
+    /// Seconds the agent has after its TLS handshake to send the HTTP/2
+    /// preface and first SETTINGS; the connection is closed otherwise.
+    pub preface_timeout_seconds: u64,
     /// Agent connections open at once; more are closed at once.
     pub max_connections: usize,
     /// Streams one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
@@ -239,6 +247,7 @@ impl Default for ListenerConfig {
             trusted_proxies: Vec::new(),
             proxy_header_timeout_seconds: DEFAULT_PROXY_HEADER_TIMEOUT_SECONDS,
             handshake_timeout_seconds: DEFAULT_HANDSHAKE_TIMEOUT_SECONDS,
+            preface_timeout_seconds: DEFAULT_PREFACE_TIMEOUT_SECONDS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
@@ -516,6 +525,7 @@ impl Config {
         for (key, value) in [
             ("proxyHeaderTimeoutSeconds", l.proxy_header_timeout_seconds),
             ("handshakeTimeoutSeconds", l.handshake_timeout_seconds),
+            ("prefaceTimeoutSeconds", l.preface_timeout_seconds),
             ("idleTimeoutSeconds", l.idle_timeout_seconds),
         ] {
             if value == 0 {

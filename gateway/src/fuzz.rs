@@ -219,19 +219,28 @@ pub fn hello(data: &[u8]) {
 }
 
 /// An agent connection fed any bytes after the client preface: the relay
-/// never panics, always ends once the input does, and everything it writes
-/// is well-formed HTTP/2 (each frame parses, whatever the peer sent).
+/// never panics, always ends once the input does, never decodes a header
+/// list past its SETTINGS_MAX_HEADER_LIST_SIZE (counted as RFC 7541 §4.1
+/// does), and everything it writes is well-formed HTTP/2 (each frame
+/// parses, whatever the peer sent).
 pub fn relay_server(data: &[u8]) {
     use crate::relay::conn::{Conn, InStream, Local, Role, Signal, Target};
     use crate::relay::link::{Failure, Fields, Link, Side, Sink, grpc_status_fields};
     use spinlink_http2::frame::{self, Frame, HEAD_LEN, Head};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    const MAX_HEADER_LIST: u32 = 4096;
+
     /// Answers odd-numbered streams at once, lets the others be.
     struct Answer;
     impl Role for Answer {
         const SIDE: Side = Side::Server;
-        fn open(&mut self, link: &Arc<Link>, id: u32, _: Fields, end: bool) -> InStream {
+        fn open(&mut self, link: &Arc<Link>, id: u32, fields: Fields, end: bool) -> InStream {
+            let list: usize = fields.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+            assert!(
+                list <= MAX_HEADER_LIST as usize,
+                "a header list of {list} octets decoded"
+            );
             link.accept(id, None);
             if id % 4 == 1 {
                 link.headers(id, grpc_status_fields(0, "", true), true);
@@ -269,10 +278,11 @@ pub fn relay_server(data: &[u8]) {
                 max_concurrent_streams: 8,
                 stream_window: frame::DEFAULT_WINDOW,
                 conn_window: frame::DEFAULT_WINDOW,
-                max_header_list_size: 4096,
+                max_header_list_size: MAX_HEADER_LIST,
                 header_table_size: 4096,
                 keepalive: Duration::from_secs(30),
                 keepalive_timeout: Duration::from_secs(10),
+                preface_timeout: Some(Duration::from_secs(10)),
             };
             let (mut peer, io) = tokio::io::duplex(1 << 20);
             let link = Link::new(
@@ -379,8 +389,15 @@ mod tests {
             frame::write_ping(&mut seed, false, [1; 8]);
             frame::write_reset(&mut seed, 3, frame::Reason::CANCEL);
             frame::write_window_update(&mut seed, 0, 1000);
+            // An HPACK bomb: a 233-octet entry, then references to it.
+            let mut bomb_block = vec![0x83, 0x86, 0x84, 0x40, 0x01, b'x', 0x7f, 200 - 127];
+            bomb_block.extend_from_slice(&[b'v'; 200]);
+            bomb_block.extend_from_slice(&[0xbe; 20]);
+            let mut bomb = BytesMut::new();
+            frame::Settings::default().write(&mut bomb);
+            frame::write_headers(&mut bomb, 1, &bomb_block, false, 16_384);
             Fuzz::new("relay-server")
-                .seeds([seed.to_vec()])
+                .seeds([seed.to_vec(), bomb.to_vec()])
                 .max_len(2048)
                 .run(super::relay_server);
         }

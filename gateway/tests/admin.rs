@@ -7,15 +7,12 @@
 
 mod common;
 
-use bytes::BytesMut;
 use common::*;
 use spinlink_gateway::admin::Refusal;
-use spinlink_http2::frame::{self, Reason, flag, kind};
-use spinlink_http2::hpack::{Encoder, Indexing};
+use spinlink_http2::frame::{Reason, kind};
 use spinlink_proto::paths;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{CacheUp, ControlRequest, control_event};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn readiness_follows_the_listener_and_drain_signals_agents() {
@@ -131,96 +128,6 @@ fn drain_seconds(metrics: &str) -> f64 {
         .unwrap_or_else(|| panic!("no drain duration in:\n{metrics}"))
         .parse()
         .unwrap()
-}
-
-/// A bare HTTP/2 client over one agent TLS connection: frames as written
-/// and read, so a GOAWAY and a refused stream can be seen as such.
-struct RawH2 {
-    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    enc: Encoder,
-    rbuf: BytesMut,
-}
-
-impl RawH2 {
-    async fn connect(addr: std::net::SocketAddr, pki: &spinlink_tls::dev::DevPki) -> Self {
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut raw = Self {
-            tls: agent_tls_over(tcp, pki, "agent-a1").await.unwrap(),
-            enc: Encoder::new(4096),
-            rbuf: BytesMut::new(),
-        };
-        let mut out = BytesMut::from(&frame::PREFACE[..]);
-        frame::Settings::default().write(&mut out);
-        raw.tls.write_all(&out).await.unwrap();
-        raw
-    }
-
-    /// HEADERS opening stream `id` on `path` (not ending it).
-    async fn open(&mut self, id: u32, path: &str) {
-        let fields: [(&[u8], &[u8]); 5] = [
-            (b":method", b"POST"),
-            (b":scheme", b"https"),
-            (b":path", path.as_bytes()),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-        ];
-        let mut block = BytesMut::new();
-        self.enc.encode(
-            fields.iter().map(|(n, v)| (*n, *v, Indexing::Indexed)),
-            &mut block,
-        );
-        let mut out = BytesMut::new();
-        frame::write_headers(&mut out, id, &block, false, 16_384);
-        self.tls.write_all(&out).await.unwrap();
-    }
-
-    /// A PING, and its answer: every frame sent before it has been read.
-    async fn ping(&mut self) {
-        let mut out = BytesMut::new();
-        frame::write_ping(&mut out, false, *b"spinlink");
-        self.tls.write_all(&out).await.unwrap();
-        let answer = self.until(kind::PING, 0).await;
-        assert_eq!(answer, b"spinlink");
-    }
-
-    /// The next frame of `kind` on `stream`, answering SETTINGS on the way;
-    /// its payload.
-    async fn until(&mut self, want: u8, stream: u32) -> Vec<u8> {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                let (head, payload) = self.next().await;
-                if head.kind == kind::SETTINGS && head.flags & flag::ACK == 0 {
-                    let mut ack = BytesMut::new();
-                    frame::write_settings_ack(&mut ack);
-                    self.tls.write_all(&ack).await.unwrap();
-                }
-                if head.kind == want && head.stream == stream {
-                    return payload;
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("no frame of kind {want} on stream {stream}"))
-    }
-
-    async fn next(&mut self) -> (frame::Head, Vec<u8>) {
-        loop {
-            if let Some(head) = frame::Head::parse(&self.rbuf)
-                && self.rbuf.len() >= frame::HEAD_LEN + head.len
-            {
-                let bytes = self.rbuf.split_to(frame::HEAD_LEN + head.len);
-                return (head, bytes[frame::HEAD_LEN..].to_vec());
-            }
-            let n = self.tls.read_buf(&mut self.rbuf).await.unwrap();
-            assert_ne!(n, 0, "connection closed");
-        }
-    }
-}
-
-/// The first four bytes of a payload as a number (GOAWAY's last stream id,
-/// RST_STREAM's error code).
-fn word(payload: &[u8]) -> u32 {
-    u32::from_be_bytes(payload[..4].try_into().unwrap())
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 use bytes::BytesMut;
 
 use crate::frame::{self, Frame, HEAD_LEN, Head};
-use crate::hpack::{Decoder, Encoder, Indexing, huffman};
+use crate::hpack::{DecodeError, Decoder, Encoder, Indexing, huffman};
 
 /// A byte stream read as frames, as a connection reads them: every frame
 /// either parses or is refused, without a panic; one that parses is written
@@ -55,17 +55,51 @@ pub fn frames(data: &[u8]) {
 }
 
 /// A header block: decoding any bytes never panics and never grows the
-/// table past its limit; a block that decodes, encoded again (with and
-/// without Huffman coding) and decoded by a fresh decoder, gives the same
-/// fields.
+/// table past its limit; the fields it gives never add up to more than the
+/// header list limit (RFC 7541 §4.1 accounting), and it refuses a block
+/// only where the whole block would pass it, after the same fields a
+/// decoder without the bound gives first; a block that decodes, encoded
+/// again (with and without Huffman coding) and decoded by a fresh decoder,
+/// gives the same fields.
 pub fn hpack(data: &[u8]) {
     let limit = 256;
-    let mut d = Decoder::new(limit);
+    // Small enough for the fuzzer's inputs to reach (a reference to a full
+    // 256-octet entry is 256 of it).
+    let max_list = 512;
+    let mut d = Decoder::new(limit).with_max_header_list_size(max_list);
     let mut fields = Vec::new();
-    let decoded = d.decode(data, |n, v, i| fields.push((n.to_vec(), v.to_vec(), i)));
+    let mut list = 0;
+    let decoded = d.decode(data, |n, v, i| {
+        list += n.len() + v.len() + 32;
+        assert!(list <= max_list, "decoded {list} octets past {max_list}");
+        fields.push((n.to_vec(), v.to_vec(), i));
+    });
     assert!(d.table_size() <= limit);
-    if decoded.is_err() {
-        return;
+    let mut whole = Vec::new();
+    let mut whole_list = 0;
+    let unbounded = Decoder::new(limit)
+        .with_max_header_list_size(usize::MAX)
+        .decode(data, |n, v, i| {
+            whole_list += n.len() + v.len() + 32;
+            whole.push((n.to_vec(), v.to_vec(), i));
+        });
+    match decoded {
+        Err(DecodeError::HeaderListTooLarge(at)) => {
+            assert_eq!(at, max_list);
+            assert!(whole.starts_with(&fields), "refused after other fields");
+            if unbounded.is_ok() {
+                assert!(whole_list > max_list, "refused a list of {whole_list}");
+            }
+            return;
+        }
+        Err(e) => {
+            assert_eq!(unbounded, Err(e), "the bound changed the error");
+            return;
+        }
+        Ok(()) => {
+            assert_eq!(unbounded, Ok(()));
+            assert_eq!(whole, fields);
+        }
     }
     for huff in [true, false] {
         let mut e = Encoder::new(limit);
@@ -155,10 +189,15 @@ mod tests {
             ],
             &mut block,
         );
+        // A small HPACK bomb: an entry of 150 octets, then references to it.
+        let mut bomb = vec![0x40, 0x01, b'x', 0x7f, 148 - 127];
+        bomb.extend_from_slice(&[b'v'; 148]);
+        bomb.extend_from_slice(&[0xbe; 8]);
         Fuzz::new("http2-hpack")
             .seeds([
                 block.to_vec(),
                 crate::hpack::tests::hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff"),
+                bomb,
             ])
             .dictionary([&[0x3f, 0xe1, 0x1f][..], &[0x20], &[0x40], &[0x10], &[0xbe]])
             .max_len(1024)

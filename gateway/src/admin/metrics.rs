@@ -60,11 +60,20 @@ pub enum Refusal {
     /// HTTP/1.1 on the HTTP/2 port), a bad preface or frame, or a peer that
     /// stopped answering keepalive PINGs.
     Protocol,
+    /// The connection sent no HTTP/2 preface and SETTINGS within
+    /// `listener.prefaceTimeoutSeconds` of its TLS handshake.
+    PrefaceTimeout,
+    /// A header block decoded past the 16 KiB header list limit (an HPACK
+    /// bomb); the connection got GOAWAY `ENHANCE_YOUR_CALM`.
+    HeaderListTooLarge,
+    /// A WINDOW_UPDATE or SETTINGS_INITIAL_WINDOW_SIZE that took a send
+    /// window past 2^31−1; the connection got GOAWAY `FLOW_CONTROL_ERROR`.
+    WindowOverflow,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 18] = [
+    pub const ALL: [Refusal; 21] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::UntrustedProxy,
@@ -83,6 +92,9 @@ impl Refusal {
         Self::Policy,
         Self::Idle,
         Self::Protocol,
+        Self::PrefaceTimeout,
+        Self::HeaderListTooLarge,
+        Self::WindowOverflow,
     ];
 
     /// The label value.
@@ -106,6 +118,9 @@ impl Refusal {
             Self::Policy => "policy",
             Self::Idle => "idle",
             Self::Protocol => "protocol",
+            Self::PrefaceTimeout => "preface_timeout",
+            Self::HeaderListTooLarge => "header_list_too_large",
+            Self::WindowOverflow => "window_overflow",
         }
     }
 }

@@ -62,6 +62,10 @@ fn defaults() {
     );
     assert!(c.policy.is_empty());
     assert_eq!(c.upstream_connections, DEFAULT_UPSTREAM_CONNECTIONS);
+    assert_eq!(
+        c.listener.preface_timeout_seconds,
+        DEFAULT_PREFACE_TIMEOUT_SECONDS
+    );
 }
 
 #[test]
@@ -108,6 +112,10 @@ fn invalid_values_name_key_and_file() {
         (
             "insecure: true\nupstreams: [{url: 'http://h:1'}]\nlistener: {handshakeQueueSeconds: -1}\n",
             "handshakeQueueSeconds",
+        ),
+        (
+            "insecure: true\nupstreams: [{url: 'http://h:1'}]\nlistener: {prefaceTimeoutSeconds: 0}\n",
+            "`listener.prefaceTimeoutSeconds`",
         ),
     ];
     for (yaml, key) in cases {

@@ -13,7 +13,8 @@
 //!    disk) within `handshakeTimeoutSeconds`;
 //! 4. the connection is named — identity from the leaf certificate, binding
 //!    from the TLS exporter — and served by the relay
-//!    ([`crate::relay::server`]) with that name.
+//!    ([`crate::relay::server`]) with that name; its HTTP/2 preface and
+//!    first SETTINGS are due within `prefaceTimeoutSeconds`.
 //!
 //! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
 //! by SNI, HTTP/1.1 and HTTP/2, requests routed as nginx would, agent names
@@ -73,6 +74,7 @@ pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Settings {
     proxy: Option<ProxySettings>,
     handshake_timeout: Duration,
+    preface_timeout: Duration,
     max_concurrent_streams: u32,
     idle_timeout: Duration,
     max_age: Option<MaxAge>,
@@ -136,6 +138,7 @@ impl Settings {
         Self {
             proxy,
             handshake_timeout: Duration::from_secs(c.handshake_timeout_seconds),
+            preface_timeout: Duration::from_secs(c.preface_timeout_seconds),
             max_concurrent_streams: c.max_concurrent_streams,
             idle_timeout: Duration::from_secs(c.idle_timeout_seconds),
             max_age,
@@ -524,6 +527,7 @@ impl Connection {
             drain_grace: settings.drain_grace,
             keepalive: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            preface_timeout: settings.preface_timeout,
         };
         // Boxed at its own size; this future keeps a pointer.
         Box::pin(crate::relay::server::serve(

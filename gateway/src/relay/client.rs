@@ -44,6 +44,8 @@ pub fn local() -> Local {
         header_table_size: spinlink_http2::frame::DEFAULT_HEADER_TABLE_SIZE,
         keepalive: DEFAULT_KEEPALIVE_INTERVAL,
         keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+        // The client sends the preface; the dial and TLS are timed instead.
+        preface_timeout: None,
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use spinlink_http2::frame::{self, Frame, FrameError, HEAD_LEN, Head, Reason, Settings};
-use spinlink_http2::hpack::Decoder;
+use spinlink_http2::hpack::{DecodeError, Decoder};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
@@ -39,7 +39,25 @@ thread_local! {
 /// (a peer that sends PINGs or SETTINGS without reading the answers).
 const MAX_WRITE_BACKLOG: usize = 4 * 1024 * 1024;
 /// Largest header block assembled from HEADERS and CONTINUATION frames.
-const MAX_HEADER_BLOCK: usize = 64 * 1024;
+///
+/// # What one connection's header decoding can hold
+///
+/// With `L` its SETTINGS_MAX_HEADER_LIST_SIZE and `T` its
+/// SETTINGS_HEADER_TABLE_SIZE, at any moment at most:
+///
+/// - the block being assembled: at most this, in a buffer of under twice
+///   it (128 KiB) — only while CONTINUATIONs arrive;
+/// - the HPACK table: `T` of names and values, under `2 T` with its
+///   entries' bookkeeping;
+/// - while one block is decoded: names and values under `2 L` (the decoder
+///   stops at `L`, [`spinlink_http2::hpack::Decoder::decode`]); their
+///   places and the fields handed on, at most `L / 32` of them, under
+///   `3.5 L`; one Huffman-decoded string or copied name, at most `L`.
+///
+/// For an agent (`L` 16 KiB, `T` 4 KiB) that is under 240 KiB, whatever
+/// the block refers to; before the decoder stopped at `L`, a 64 KiB block
+/// of references to one 4 KiB entry decoded to about 260 MB.
+pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// Bytes of one connection's received data that may wait at the other side
 /// before its connection window stops being granted again.
 const MAX_HELD: usize = 8 * 1024 * 1024;
@@ -64,6 +82,9 @@ pub struct Local {
     pub keepalive: Duration,
     /// How long a PING may go unanswered.
     pub keepalive_timeout: Duration,
+    /// Server side: how long the client has, from the start, to send its
+    /// preface and first SETTINGS (RFC 9113 §3.4); `None` waits for ever.
+    pub preface_timeout: Option<Duration>,
 }
 
 impl Local {
@@ -206,6 +227,41 @@ pub enum StreamRefused {
     GoingAway,
 }
 
+/// A limit the peer went past, which ends the connection with GOAWAY and is
+/// counted by name (the other protocol errors are counted together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offence {
+    /// A header block that decodes to more than SETTINGS_MAX_HEADER_LIST_SIZE
+    /// (the HPACK bomb). Decoding stopped at the limit, so the HPACK tables
+    /// are out of step and the connection cannot go on; and a stream reset
+    /// would let the peer send it again at once.
+    HeaderListTooLarge,
+    /// A WINDOW_UPDATE on the connection, or a change of
+    /// SETTINGS_INITIAL_WINDOW_SIZE, that pushes a send window past 2^31−1
+    /// (RFC 9113 §6.9.1, §6.9.2).
+    WindowOverflow,
+}
+
+impl Offence {
+    /// The GOAWAY code: ENHANCE_YOUR_CALM for a limit, as nginx answers a
+    /// header list past `large_client_header_buffers`; FLOW_CONTROL_ERROR
+    /// where RFC 9113 names it.
+    pub fn reason(self) -> Reason {
+        match self {
+            Self::HeaderListTooLarge => Reason::ENHANCE_YOUR_CALM,
+            Self::WindowOverflow => Reason::FLOW_CONTROL_ERROR,
+        }
+    }
+
+    /// What it is, also the GOAWAY's debug data.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HeaderListTooLarge => "header list larger than SETTINGS_MAX_HEADER_LIST_SIZE",
+            Self::WindowOverflow => "flow-control window past 2^31-1",
+        }
+    }
+}
+
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
@@ -224,6 +280,12 @@ pub enum ConnError {
     /// The client did not start with the HTTP/2 preface (e.g. HTTP/1.1).
     #[error("not HTTP/2: bad connection preface")]
     Preface,
+    /// The client's preface and SETTINGS did not arrive in time.
+    #[error("no HTTP/2 preface within {0:?}")]
+    PrefaceTimeout(Duration),
+    /// The peer went past a limit; GOAWAY was sent with its code.
+    #[error("{} ({})", .0.reason(), .0.as_str())]
+    Offence(Offence),
 }
 
 /// An HTTP/2 connection being driven.
@@ -253,6 +315,8 @@ pub struct Conn<IO, R> {
     held: usize,
     /// Whether the peer's first SETTINGS arrived.
     settings_seen: bool,
+    /// Server side: when the preface and SETTINGS must have arrived by.
+    preface_deadline: Option<Instant>,
     /// The PING awaiting its answer and when it went out.
     ping_sent: Option<Instant>,
     next_ping: Instant,
@@ -294,7 +358,8 @@ where
             } else {
                 0
             },
-            decoder: Decoder::new(local.header_table_size as usize),
+            decoder: Decoder::new(local.header_table_size as usize)
+                .with_max_header_list_size(local.max_header_list_size as usize),
             partial: None,
             streams: super::StreamMap::default(),
             last_peer_id: 0,
@@ -302,6 +367,7 @@ where
             conn_unreleased: 0,
             held: 0,
             settings_seen: false,
+            preface_deadline: local.preface_timeout.map(|t| now + t),
             ping_sent: None,
             next_ping: now + local.keepalive,
             last_frame: now,
@@ -338,6 +404,19 @@ where
                 why.as_bytes(),
             );
             self.closing = Some(Err(ConnError::Protocol(reason, why)));
+        }
+    }
+
+    /// Ends the connection for `offence`: GOAWAY with its code.
+    fn offence(&mut self, offence: Offence) {
+        if self.closing.is_none() {
+            frame::write_goaway(
+                self.link.lock().buf_mut(),
+                self.last_peer_id,
+                offence.reason(),
+                offence.as_str().as_bytes(),
+            );
+            self.closing = Some(Err(ConnError::Offence(offence)));
         }
     }
 
@@ -533,13 +612,20 @@ where
             Frame::Reset { stream, .. } => self.on_reset(stream),
             Frame::Settings(s) => {
                 self.settings_seen = true;
+                self.preface_deadline = None;
                 let mut deliver = Deliver::default();
-                {
+                let applied = {
                     let mut out = self.link.lock();
-                    out.apply_settings(&s, &mut deliver);
-                    frame::write_settings_ack(out.buf_mut());
-                }
+                    let applied = out.apply_settings(&s, &mut deliver);
+                    if applied.is_ok() {
+                        frame::write_settings_ack(out.buf_mut());
+                    }
+                    applied
+                };
                 deliver.run();
+                if applied.is_err() {
+                    self.offence(Offence::WindowOverflow);
+                }
             }
             Frame::SettingsAck => {}
             Frame::Ping { ack: false, data } => {
@@ -563,7 +649,7 @@ where
                 deliver.run();
                 if r.is_err() {
                     if stream == 0 {
-                        self.error(Reason::FLOW_CONTROL_ERROR, "connection window overflow");
+                        self.offence(Offence::WindowOverflow);
                     } else {
                         self.stream_error(stream, Reason::FLOW_CONTROL_ERROR);
                     }
@@ -654,30 +740,35 @@ where
 
     fn on_header_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
         // Every name and value in one buffer, the fields slices of it: one
-        // allocation per block, and forwarding them copies nothing.
-        // Indexed fields decode to far more than they take in the block.
-        let mut all = BytesMut::with_capacity((block.len() * 4).max(512));
+        // allocation per block, and forwarding them copies nothing. Indexed
+        // fields decode to far more than they take in the block, but the
+        // decoder stops before the names and values pass the header list
+        // limit, so this buffer's capacity stays under twice it.
+        let limit = self.decoder.max_header_list_size();
+        let mut all = BytesMut::with_capacity((block.len() * 4).max(512).min(limit));
         let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(12);
-        let mut list_size = 0usize;
         let decoded = self.decoder.decode(block, |n, v, _| {
-            list_size += n.len() + v.len() + 32;
             let start = all.len();
             all.extend_from_slice(n);
             all.extend_from_slice(v);
             spans.push((start, start + n.len(), all.len()));
         });
+        match decoded {
+            Ok(()) => {}
+            Err(DecodeError::HeaderListTooLarge(_)) => {
+                tracing::debug!(link = %self.link.name(), limit, "header list too large");
+                return self.offence(Offence::HeaderListTooLarge);
+            }
+            Err(e) => {
+                tracing::debug!(link = %self.link.name(), error = %e, "HPACK decoding failed");
+                return self.error(Reason::COMPRESSION_ERROR, "header block does not decode");
+            }
+        }
         let all = all.freeze();
         let fields: Fields = spans
             .iter()
             .map(|&(a, b, c)| (all.slice(a..b), all.slice(b..c)))
             .collect();
-        if let Err(e) = decoded {
-            tracing::debug!(link = %self.link.name(), error = %e, "HPACK decoding failed");
-            return self.error(Reason::COMPRESSION_ERROR, "header block does not decode");
-        }
-        if list_size > self.local.max_header_list_size as usize {
-            return self.stream_error(id, Reason::PROTOCOL_ERROR);
-        }
         if let Some(s) = self.streams.get_mut(&id) {
             if s.recv_closed {
                 return self.stream_error(id, Reason::STREAM_CLOSED);
@@ -840,10 +931,17 @@ where
         }
     }
 
-    /// Timers: keepalive PINGs, their timeout, housekeeping.
+    /// Timers: the preface deadline, keepalive PINGs, their timeout,
+    /// housekeeping.
     fn poll_timers(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
         loop {
             let now = Instant::now();
+            if let Some(deadline) = self.preface_deadline
+                && now >= deadline
+            {
+                let waited = self.local.preface_timeout.unwrap_or_default();
+                return Err(ConnError::PrefaceTimeout(waited));
+            }
             let mut next = match self.ping_sent {
                 Some(sent) if now >= sent + self.local.keepalive_timeout => {
                     return Err(ConnError::KeepaliveTimeout);
@@ -862,6 +960,9 @@ where
                 self.housekeeping();
             } else {
                 next = next.min(quiet_at);
+            }
+            if let Some(deadline) = self.preface_deadline {
+                next = next.min(deadline);
             }
             // Re-armed only to fire earlier (or once fired): a deadline that
             // moved later just wakes the task early, to look again.

@@ -460,9 +460,14 @@ impl Out {
         self.streams.contains_key(&id)
     }
 
-    /// Applies the peer's SETTINGS; returns credits owed to sources of
-    /// streams a larger initial window unblocked.
-    pub fn apply_settings(&mut self, s: &frame::Settings, deliver: &mut Deliver) {
+    /// Applies the peer's SETTINGS, collecting in `deliver` the credits owed
+    /// to sources of streams a larger initial window unblocked. `Err` when
+    /// the change takes a stream's window past 2^31−1.
+    pub fn apply_settings(
+        &mut self,
+        s: &frame::Settings,
+        deliver: &mut Deliver,
+    ) -> Result<(), WindowOverflow> {
         if let Some(n) = s.max_frame_size {
             self.max_frame = n as usize;
         }
@@ -475,14 +480,22 @@ impl Out {
         if let Some(n) = s.initial_window_size {
             let delta = i64::from(n) - self.initial_window;
             self.initial_window = i64::from(n);
-            // Every open stream's window moves by the change (§6.9.2).
+            // Every open stream's window moves by the change (§6.9.2); one
+            // pushed past 2^31−1 is a connection error (FLOW_CONTROL_ERROR).
+            let max = i64::from(frame::MAX_WINDOW);
+            let mut overflow = false;
             for s in self.streams.values_mut() {
                 s.window += delta;
+                overflow |= s.window > max;
+            }
+            if overflow {
+                return Err(WindowOverflow);
             }
             if delta > 0 {
                 self.flush_blocked(deliver);
             }
         }
+        Ok(())
     }
 
     /// Applies a WINDOW_UPDATE from the peer. `Err` when it overflows the
@@ -711,7 +724,8 @@ impl Out {
     }
 }
 
-/// A WINDOW_UPDATE took a window above 2^31 - 1 (RFC 9113 §6.9.1).
+/// A WINDOW_UPDATE, or a new SETTINGS_INITIAL_WINDOW_SIZE, took a window
+/// above 2^31 - 1 (RFC 9113 §6.9.1, §6.9.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowOverflow;
 

@@ -30,7 +30,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use super::bridge::{self, Bridge};
-use super::conn::{Conn, ConnError, InStream, Local, Role, Signal, StreamRefused, Target};
+use super::conn::{Conn, ConnError, InStream, Local, Offence, Role, Signal, StreamRefused, Target};
 use super::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
 use crate::admin::{Counter, Refusal};
 use crate::listener::limits::TokenBucket;
@@ -68,6 +68,9 @@ pub struct AgentLimits {
     pub keepalive: Duration,
     /// How long a PING may go unanswered.
     pub keepalive_timeout: Duration,
+    /// How long the agent has, once TLS is up, to send the HTTP/2 preface
+    /// and its first SETTINGS.
+    pub preface_timeout: Duration,
 }
 
 /// Where the connection is in its maximum-age sequence.
@@ -504,6 +507,7 @@ pub async fn serve<IO>(
         header_table_size: spinlink_http2::frame::DEFAULT_HEADER_TABLE_SIZE,
         keepalive: limits.keepalive,
         keepalive_timeout: limits.keepalive_timeout,
+        preface_timeout: Some(limits.preface_timeout),
     };
     let link = Link::new(
         Side::Server,
@@ -554,6 +558,14 @@ pub async fn serve<IO>(
         Ok(()) => tracing::debug!(%remote, "agent connection closed"),
         Err(e @ (ConnError::Preface | ConnError::Protocol(..))) => {
             shared.stats.refuse(Refusal::Protocol);
+            tracing::info!(%remote, error = %e, "agent connection ended");
+        }
+        Err(e @ (ConnError::PrefaceTimeout(_) | ConnError::Offence(_))) => {
+            shared.stats.refuse(match e {
+                ConnError::Offence(Offence::HeaderListTooLarge) => Refusal::HeaderListTooLarge,
+                ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
+                _ => Refusal::PrefaceTimeout,
+            });
             tracing::info!(%remote, error = %e, "agent connection ended");
         }
         Err(e) => tracing::info!(%remote, error = %e, "agent connection ended"),

@@ -696,3 +696,136 @@ pub fn upstream_streams(stats: &Stats, url: &str) -> (i64, u64) {
         m.streams.get(&label).map_or(0, |c| c.get()),
     )
 }
+
+/// A bare HTTP/2 client over one agent TLS connection: frames as written
+/// and read, so a GOAWAY, a refused stream or a hostile frame can be sent
+/// and seen as such.
+pub struct RawH2 {
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+    /// Its HPACK encoder, with the default 4 KiB table.
+    pub enc: spinlink_http2::hpack::Encoder,
+    rbuf: bytes::BytesMut,
+}
+
+impl RawH2 {
+    /// Agent a1's TLS connection to `addr`, with the preface and an empty
+    /// SETTINGS sent.
+    pub async fn connect(addr: SocketAddr, pki: &DevPki) -> Self {
+        let mut out = bytes::BytesMut::from(&spinlink_http2::frame::PREFACE[..]);
+        spinlink_http2::frame::Settings::default().write(&mut out);
+        let mut raw = Self::connect_silent(addr, pki).await;
+        raw.send(&out).await;
+        raw
+    }
+
+    /// Agent a1's TLS connection to `addr`, with nothing sent on it.
+    pub async fn connect_silent(addr: SocketAddr, pki: &DevPki) -> Self {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        Self {
+            tls: agent_tls_over(tcp, pki, "agent-a1").await.unwrap(),
+            enc: spinlink_http2::hpack::Encoder::new(4096),
+            rbuf: bytes::BytesMut::new(),
+        }
+    }
+
+    /// Writes `bytes` as they are.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.tls.write_all(bytes).await.unwrap();
+    }
+
+    /// HEADERS (and CONTINUATIONs) with `block` for stream `id`, not ending it.
+    pub async fn headers(&mut self, id: u32, block: &[u8]) {
+        let mut out = bytes::BytesMut::new();
+        spinlink_http2::frame::write_headers(&mut out, id, block, false, 16_384);
+        self.send(&out).await;
+    }
+
+    /// HEADERS opening stream `id` on `path` (not ending it).
+    pub async fn open(&mut self, id: u32, path: &str) {
+        use spinlink_http2::hpack::Indexing;
+        let fields: [(&[u8], &[u8]); 5] = [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", path.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ];
+        let mut block = bytes::BytesMut::new();
+        self.enc.encode(
+            fields.iter().map(|(n, v)| (*n, *v, Indexing::Indexed)),
+            &mut block,
+        );
+        self.headers(id, &block).await;
+    }
+
+    /// A PING, and its answer: every frame sent before it has been read.
+    pub async fn ping(&mut self) {
+        let mut out = bytes::BytesMut::new();
+        spinlink_http2::frame::write_ping(&mut out, false, *b"spinlink");
+        self.send(&out).await;
+        let answer = self.until(spinlink_http2::frame::kind::PING, 0).await;
+        assert_eq!(answer, b"spinlink");
+    }
+
+    /// The next frame of `kind` on `stream`, answering SETTINGS on the way;
+    /// its payload.
+    pub async fn until(&mut self, want: u8, stream: u32) -> Vec<u8> {
+        use spinlink_http2::frame::{self, flag, kind};
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let (head, payload) = self.next().await;
+                if head.kind == kind::SETTINGS && head.flags & flag::ACK == 0 {
+                    let mut ack = bytes::BytesMut::new();
+                    frame::write_settings_ack(&mut ack);
+                    self.send(&ack).await;
+                }
+                if head.kind == want && head.stream == stream {
+                    return payload;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no frame of kind {want} on stream {stream}"))
+    }
+
+    /// The GOAWAY the gateway ends the connection with, as its error code,
+    /// once the gateway has also closed the connection (within [`WAIT`]).
+    pub async fn goaway_then_closed(&mut self) -> spinlink_http2::Reason {
+        let payload = self.until(spinlink_http2::frame::kind::GOAWAY, 0).await;
+        let reason = spinlink_http2::Reason(word(&payload[4..]));
+        assert!(
+            closed_by_peer(&mut self.tls).await,
+            "still open after GOAWAY {reason}"
+        );
+        reason
+    }
+
+    /// Whether the gateway closed the connection within [`WAIT`] (whatever
+    /// it wrote before).
+    pub async fn closed(&mut self) -> bool {
+        closed_by_peer(&mut self.tls).await
+    }
+
+    /// The next frame, whole.
+    pub async fn next(&mut self) -> (spinlink_http2::Head, Vec<u8>) {
+        use spinlink_http2::frame::{HEAD_LEN, Head};
+        use tokio::io::AsyncReadExt;
+        loop {
+            if let Some(head) = Head::parse(&self.rbuf)
+                && self.rbuf.len() >= HEAD_LEN + head.len
+            {
+                let bytes = self.rbuf.split_to(HEAD_LEN + head.len);
+                return (head, bytes[HEAD_LEN..].to_vec());
+            }
+            let n = self.tls.read_buf(&mut self.rbuf).await.unwrap();
+            assert_ne!(n, 0, "connection closed");
+        }
+    }
+}
+
+/// The first four bytes of a payload as a number (GOAWAY's last stream id,
+/// RST_STREAM's error code).
+pub fn word(payload: &[u8]) -> u32 {
+    u32::from_be_bytes(payload[..4].try_into().unwrap())
+}

@@ -100,8 +100,17 @@ pub enum HuffmanError {
 
 /// Appends the decoding of `src` to `out`.
 pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
+    decode_within(src, out, usize::MAX).map(|_| ())
+}
+
+/// Appends the decoding of `src` to `out`, but never more than `max` bytes:
+/// `Ok(false)` as soon as the text would be longer (what was appended is
+/// then a prefix of it). The shortest code is 5 bits, so the text is at
+/// most 8/5 of `src`; `max` bounds it before that is allocated.
+pub fn decode_within(src: &[u8], out: &mut Vec<u8>, max: usize) -> Result<bool, HuffmanError> {
     let c = canonical();
-    out.reserve(src.len() + src.len() / 2);
+    let start = out.len();
+    out.reserve((src.len() + src.len() / 2).min(max));
     // Bits not yet decoded, left-aligned in `acc`; `n` of them are valid.
     let mut acc: u64 = 0;
     let mut n: u32 = 0;
@@ -117,10 +126,13 @@ pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
             }
         }
         if n == 0 {
-            return Ok(());
+            return Ok(true);
         }
         let (sym, len) = c.fast[(acc >> 56) as usize];
         if len != 0 && u32::from(len) <= n {
+            if out.len() - start == max {
+                return Ok(false);
+            }
             out.push(sym);
             acc <<= len;
             n -= u32::from(len);
@@ -147,6 +159,9 @@ pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
                 if sym == EOS {
                     return Err(HuffmanError::InvalidCode);
                 }
+                if out.len() - start == max {
+                    return Ok(false);
+                }
                 out.push(sym as u8);
                 acc <<= len;
                 n -= len;
@@ -158,7 +173,7 @@ pub fn decode(src: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
                 if n > 7 || acc & mask != mask {
                     return Err(HuffmanError::InvalidPadding);
                 }
-                return Ok(());
+                return Ok(true);
             }
         }
     }

@@ -7,6 +7,17 @@
 //! the start of a block (§4.2). Any violation is a [`DecodeError`], which
 //! HTTP/2 turns into a COMPRESSION_ERROR for the whole connection: after a
 //! bad block the two sides' tables can no longer be trusted to agree.
+//!
+//! It also bounds what a block decodes to. An indexed field is one octet
+//! on the wire and up to a whole table entry decoded, so a 64 KiB block of
+//! references to one 4 KiB entry is a quarter of a gigabyte of fields. The
+//! decoder counts the header list as RFC 9113 §6.5.2 does (name, value and
+//! 32 octets per field, RFC 7541 §4.1) and stops with
+//! [`DecodeError::HeaderListTooLarge`] at the first field that would pass
+//! [`Decoder::with_max_header_list_size`], before copying or delivering it.
+//! Stopping inside a block leaves the table out of step with the peer's,
+//! so that too ends the connection (RFC 9113 §10.5.1 allows skipping the
+//! rest of a header section only when the connection is closed).
 
 pub mod huffman;
 pub mod table;
@@ -42,6 +53,11 @@ pub enum DecodeError {
     /// A dynamic table size update after the first field of a block.
     #[error("table size update after a header field")]
     SizeUpdateMisplaced,
+    /// The block decodes to a header list larger than this limit (§4.1
+    /// accounting); decoding stopped at the field that would pass it, so
+    /// the table may be out of step with the peer's.
+    #[error("header list larger than {0} octets")]
+    HeaderListTooLarge(usize),
 }
 
 /// Decodes an integer with an `prefix`-bit prefix from the start of `buf`
@@ -71,17 +87,28 @@ fn decode_integer(buf: &[u8], prefix: u8) -> Result<(usize, usize), DecodeError>
     Err(DecodeError::Truncated)
 }
 
-/// Decodes a string literal from the start of `buf` (§5.2); returns it and
-/// the bytes it took.
-fn decode_string(buf: &[u8]) -> Result<(Cow<'_, [u8]>, usize), DecodeError> {
+/// Decodes a string literal from the start of `buf` (§5.2), if it is at
+/// most `max` octets long; returns it and the bytes it took. A longer one is
+/// [`DecodeError::HeaderListTooLarge`] (with `limit`), found before it is
+/// copied: a plain string by its length, a Huffman-coded one as soon as its
+/// text passes `max`.
+fn decode_string(
+    buf: &[u8],
+    max: usize,
+    limit: usize,
+) -> Result<(Cow<'_, [u8]>, usize), DecodeError> {
     let huffman = buf.first().ok_or(DecodeError::Truncated)? & 0x80 != 0;
     let (len, used) = decode_integer(buf, 7)?;
     let end = used.checked_add(len).ok_or(DecodeError::Truncated)?;
     let raw = buf.get(used..end).ok_or(DecodeError::Truncated)?;
     if huffman {
         let mut out = Vec::new();
-        huffman::decode(raw, &mut out)?;
+        if !huffman::decode_within(raw, &mut out, max)? {
+            return Err(DecodeError::HeaderListTooLarge(limit));
+        }
         Ok((Cow::Owned(out), end))
+    } else if raw.len() > max {
+        Err(DecodeError::HeaderListTooLarge(limit))
     } else {
         Ok((Cow::Borrowed(raw), end))
     }
@@ -99,23 +126,56 @@ pub enum Indexing {
     Never,
 }
 
+/// Largest header list a [`Decoder`] decodes unless told otherwise
+/// ([`Decoder::with_max_header_list_size`]). RFC 9113 leaves
+/// SETTINGS_MAX_HEADER_LIST_SIZE unlimited by default; a decoder of untrusted
+/// input cannot be, and 64 KiB is what Envoy accepts by default
+/// (`max_request_headers_kb`: 60) with room for the 32 octets per field.
+pub const DEFAULT_MAX_HEADER_LIST_SIZE: usize = 64 * 1024;
+
 /// The receiving side's HPACK state for one connection.
+///
+/// Memory: the table holds at most the announced `limit` of names and
+/// values (the peer's entries, evicted oldest first). While decoding a
+/// block, the decoder itself holds at most one field's copy: a name taken
+/// from the table (at most `limit`) and a Huffman-decoded string (at most
+/// what is left of the header list limit). What the callback is given adds
+/// up to at most the header list limit, however the block was written.
 #[derive(Debug, Clone)]
 pub struct Decoder {
     table: Dynamic,
     /// The SETTINGS_HEADER_TABLE_SIZE this side announced: the most a size
     /// update may ask for.
     limit: usize,
+    /// The most one block may decode to: the sum, over its fields, of name,
+    /// value and 32 (§4.1; RFC 9113 §6.5.2).
+    max_list: usize,
 }
 
 impl Decoder {
     /// A decoder whose peer may use a table of up to `limit` octets (what
-    /// this side announces as SETTINGS_HEADER_TABLE_SIZE).
+    /// this side announces as SETTINGS_HEADER_TABLE_SIZE), decoding header
+    /// lists of up to [`DEFAULT_MAX_HEADER_LIST_SIZE`].
     pub fn new(limit: usize) -> Self {
         Self {
             table: Dynamic::new(limit),
             limit,
+            max_list: DEFAULT_MAX_HEADER_LIST_SIZE,
         }
+    }
+
+    /// Decodes blocks only up to a header list of `max` octets (what this
+    /// side announces as SETTINGS_MAX_HEADER_LIST_SIZE); a larger one is
+    /// [`DecodeError::HeaderListTooLarge`].
+    #[must_use]
+    pub fn with_max_header_list_size(mut self, max: usize) -> Self {
+        self.max_list = max;
+        self
+    }
+
+    /// The most one block may decode to.
+    pub fn max_header_list_size(&self) -> usize {
+        self.max_list
     }
 
     /// Octets in the dynamic table now.
@@ -138,13 +198,24 @@ impl Decoder {
     }
 
     /// Decodes one complete header block (HEADERS plus its CONTINUATIONs),
-    /// calling `field` with every name and value in order. The whole block
-    /// is always decoded, so the table stays in step with the peer's even
-    /// when the caller refuses the fields.
+    /// calling `field` with every name and value in order.
+    ///
+    /// A block that decodes is decoded whole, so the table stays in step
+    /// with the peer's even when the caller refuses the fields. One whose
+    /// header list would pass the limit stops at the first field that
+    /// would, before it is copied or given to `field`: the fields given
+    /// never add up to more than the limit. Any error leaves the table
+    /// unreliable; the connection must end (COMPRESSION_ERROR, or for
+    /// [`DecodeError::HeaderListTooLarge`] whatever code the caller
+    /// chooses).
     pub fn decode<F>(&mut self, block: &[u8], mut field: F) -> Result<(), DecodeError>
     where
         F: FnMut(&[u8], &[u8], Indexing),
     {
+        let max_list = self.max_list;
+        let too_large = DecodeError::HeaderListTooLarge(max_list);
+        // Octets of the header list so far, never more than `max_list`.
+        let mut list = 0usize;
         let mut at = 0;
         let mut fields_seen = false;
         while at < block.len() {
@@ -154,6 +225,10 @@ impl Decoder {
                 // Indexed field (§6.1).
                 let (index, used) = decode_integer(rest, 7)?;
                 let (name, value) = self.lookup(index)?;
+                list += name.len() + value.len() + table::ENTRY_OVERHEAD;
+                if list > max_list {
+                    return Err(too_large);
+                }
                 field(name, value, Indexing::Indexed);
                 at += used;
                 fields_seen = true;
@@ -179,16 +254,25 @@ impl Decoder {
                     (4, Indexing::NotIndexed)
                 };
                 let (index, mut used) = decode_integer(rest, prefix)?;
+                // What the name and value may still take of the list.
+                let room = (max_list - list)
+                    .checked_sub(table::ENTRY_OVERHEAD)
+                    .ok_or(too_large)?;
                 let name: Cow<'_, [u8]> = if index == 0 {
-                    let (name, n) = decode_string(&rest[used..])?;
+                    let (name, n) = decode_string(&rest[used..], room, max_list)?;
                     used += n;
                     name
                 } else {
+                    let name = self.lookup(index)?.0;
+                    if name.len() > room {
+                        return Err(too_large);
+                    }
                     // Copied: the insertion below may evict the entry.
-                    Cow::Owned(self.lookup(index)?.0.to_vec())
+                    Cow::Owned(name.to_vec())
                 };
-                let (value, n) = decode_string(&rest[used..])?;
+                let (value, n) = decode_string(&rest[used..], room - name.len(), max_list)?;
                 used += n;
+                list += name.len() + value.len() + table::ENTRY_OVERHEAD;
                 field(&name, &value, indexing);
                 if indexing == Indexing::Indexed {
                     self.table.insert(&name, &value);

@@ -1,3 +1,4 @@
+use bytes::BufMut;
 use proptest::prelude::*;
 
 use super::*;
@@ -183,6 +184,99 @@ fn a_zero_capacity_encoder_keeps_no_table_and_says_so() {
     let mut d = Decoder::new(4096);
     decode_all(&mut d, &out).unwrap();
     assert_eq!(d.table_size(), 0);
+}
+
+/// The HPACK bomb: one literal adding a ~4 KiB entry to the table, then a
+/// block's worth of one-octet references to it. 64 KiB on the wire would
+/// decode to about 260 MB of fields.
+fn bomb(value_len: usize, block_len: usize) -> Vec<u8> {
+    let mut block = BytesMut::new();
+    // Literal with incremental indexing, new name (§6.2.1).
+    block.put_u8(0x40);
+    encode_string(&mut block, b"x-bomb", false);
+    encode_string(&mut block, &vec![b'a'; value_len], false);
+    // Index 62: the newest dynamic entry (§6.1).
+    if block_len > block.len() {
+        block.resize(block_len, 0xbe);
+    }
+    block.to_vec()
+}
+
+/// What the decoder gives its caller before it stops: bytes copied out, as
+/// the gateway copies every name and value, and the §4.1 list size.
+fn decode_counting(d: &mut Decoder, block: &[u8]) -> (Result<(), DecodeError>, usize, usize) {
+    let mut copied = Vec::new();
+    let mut list = 0;
+    let r = d.decode(block, |n, v, _| {
+        list += n.len() + v.len() + 32;
+        copied.extend_from_slice(n);
+        copied.extend_from_slice(v);
+    });
+    (r, copied.len(), list)
+}
+
+#[test]
+fn an_hpack_bomb_stops_at_the_header_list_limit() {
+    const LIMIT: usize = 16 * 1024;
+    let block = bomb(4000, 64 * 1024);
+    let mut d = Decoder::new(4096).with_max_header_list_size(LIMIT);
+    let (r, copied, list) = decode_counting(&mut d, &block);
+    assert_eq!(r, Err(DecodeError::HeaderListTooLarge(LIMIT)));
+    // Four fields of 4,038 fit; the fifth would pass the limit and is
+    // neither copied nor given.
+    assert!(list <= LIMIT, "the decoder gave {list} octets of fields");
+    assert_eq!(list, 4 * (6 + 4000 + 32));
+    assert!(copied <= LIMIT, "{copied} bytes copied out");
+}
+
+#[test]
+fn a_header_list_at_the_limit_decodes_and_one_octet_more_does_not() {
+    // Two fields: a 100-octet literal (138 with its overhead) and a
+    // reference to it (138 more).
+    let mut block = bomb(94, 0);
+    block.push(0xbe);
+    let exact = 2 * (6 + 94 + 32);
+    let mut d = Decoder::new(4096).with_max_header_list_size(exact);
+    assert_eq!(decode_counting(&mut d, &block).0, Ok(()));
+    let mut d = Decoder::new(4096).with_max_header_list_size(exact - 1);
+    let (r, _, list) = decode_counting(&mut d, &block);
+    assert_eq!(r, Err(DecodeError::HeaderListTooLarge(exact - 1)));
+    assert_eq!(list, exact / 2, "the first field only");
+}
+
+#[test]
+fn an_oversized_literal_is_refused_before_it_is_decoded() {
+    const LIMIT: usize = 1024;
+    // A plain value and a Huffman-coded one, each longer than the limit.
+    let mut plain = BytesMut::new();
+    plain.put_u8(0x00);
+    encode_string(&mut plain, b"x-big", false);
+    encode_string(&mut plain, &[b'a'; 2000], false);
+    let mut coded = BytesMut::new();
+    coded.put_u8(0x00);
+    encode_string(&mut coded, b"x-big", false);
+    encode_string(&mut coded, &[b'a'; 2000], true);
+    assert!(coded.len() < 2000, "Huffman-coded");
+    // A name from the table that alone passes what is left.
+    let mut named = BytesMut::new();
+    named.put_u8(0x40);
+    encode_string(&mut named, &[b'n'; 900], false);
+    encode_string(&mut named, b"", false);
+    // Literal with incremental indexing, name from entry 62 (the one above).
+    named.put_u8(0x40 | 62);
+    encode_string(&mut named, b"", false);
+    for block in [&plain[..], &coded[..], &named[..]] {
+        let mut d = Decoder::new(4096).with_max_header_list_size(LIMIT);
+        let (r, copied, list) = decode_counting(&mut d, block);
+        assert_eq!(r, Err(DecodeError::HeaderListTooLarge(LIMIT)));
+        assert!(list <= LIMIT && copied <= LIMIT);
+    }
+    // Decoded Huffman text stops at what it may take.
+    let mut text = Vec::new();
+    let mut raw = Vec::new();
+    huffman::encode(&[b'a'; 2000], &mut raw);
+    assert_eq!(huffman::decode_within(&raw, &mut text, 100), Ok(false));
+    assert!(text.len() <= 100 && text.capacity() <= 2 * 100);
 }
 
 fn field() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, u8)> {

@@ -24,6 +24,7 @@ fn local(max_streams: u32) -> Local {
         header_table_size: 4096,
         keepalive: Duration::from_secs(30),
         keepalive_timeout: Duration::from_secs(10),
+        preface_timeout: None,
     }
 }
 
@@ -336,6 +337,118 @@ async fn a_header_block_that_does_not_decode_is_a_compression_error() {
     write_headers(&mut out, 1, &[0x80], false, 16_384);
     s.peer.send(&out).await;
     assert_eq!(s.peer.goaway().await, Reason::COMPRESSION_ERROR);
+}
+
+/// HEADERS and CONTINUATIONs for stream 1 carrying an HPACK bomb: one
+/// 2,000-octet field indexed, then referred to in one octet each, about
+/// 2 KiB of header list per octet of block.
+fn hpack_bomb(enc: &mut Encoder) -> BytesMut {
+    let value = vec![b'a'; 2000];
+    let mut block = BytesMut::new();
+    enc.encode(
+        std::iter::repeat_n(
+            (&b"x-bomb"[..], &value[..], hpack::Indexing::Indexed),
+            60_000,
+        ),
+        &mut block,
+    );
+    assert!(block.len() <= MAX_HEADER_BLOCK);
+    let mut out = BytesMut::new();
+    write_headers(&mut out, 1, &block, false, 16_384);
+    out
+}
+
+#[tokio::test]
+async fn an_hpack_bomb_ends_the_connection_with_enhance_your_calm() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let bomb = hpack_bomb(&mut s.peer.enc);
+    s.peer.send(&bomb).await;
+    assert_eq!(s.peer.goaway().await, Reason::ENHANCE_YOUR_CALM);
+    assert!(matches!(
+        ended(s.task).await,
+        Err(ConnError::Offence(Offence::HeaderListTooLarge))
+    ));
+    assert!(
+        s.sink.headers.lock().unwrap().is_empty(),
+        "no stream was opened with it"
+    );
+}
+
+#[tokio::test]
+async fn a_header_list_just_over_the_limit_ends_the_connection() {
+    // One field of 16,385 octets with its 32: one past the limit. A stream
+    // reset would leave the peer free to send it again, and the decoder
+    // stopped inside the block, so the connection cannot go on.
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    let value = vec![b'v'; 16 * 1024 + 1 - 32 - 5];
+    let mut block = BytesMut::new();
+    s.peer.enc.encode(
+        [(&b"x-big"[..], &value[..], hpack::Indexing::NotIndexed)],
+        &mut block,
+    );
+    let mut out = BytesMut::new();
+    write_headers(&mut out, 1, &block, false, 16_384);
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::ENHANCE_YOUR_CALM);
+}
+
+#[tokio::test]
+async fn a_settings_change_past_the_maximum_window_is_a_flow_control_error() {
+    let mut s = server(local(10), 10);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    let mut out = BytesMut::new();
+    // Stream 1's send window to exactly 2^31−1, then one more by SETTINGS.
+    frame::write_window_update(&mut out, 1, frame::MAX_WINDOW - frame::DEFAULT_WINDOW);
+    Settings {
+        initial_window_size: Some(frame::DEFAULT_WINDOW + 1),
+        ..Settings::default()
+    }
+    .write(&mut out);
+    s.peer.send(&out).await;
+    assert_eq!(s.peer.goaway().await, Reason::FLOW_CONTROL_ERROR);
+    assert!(matches!(
+        ended(s.task).await,
+        Err(ConnError::Offence(Offence::WindowOverflow))
+    ));
+}
+
+fn with_preface_timeout(secs: u64) -> Local {
+    Local {
+        preface_timeout: Some(Duration::from_secs(secs)),
+        ..local(10)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sends_no_preface_is_closed_at_the_timeout() {
+    // Nothing at all, and the preface without its SETTINGS.
+    for preface in [&b""[..], frame::PREFACE] {
+        let mut s = server(with_preface_timeout(10), 10);
+        let start = Instant::now();
+        s.peer.send(preface).await;
+        assert!(matches!(
+            ended(s.task).await,
+            Err(ConnError::PrefaceTimeout(t)) if t == Duration::from_secs(10)
+        ));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(10) && waited < Duration::from_secs(11));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sent_its_preface_outlives_the_timeout() {
+    let mut s = server(with_preface_timeout(10), 10);
+    s.peer.handshake().await;
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let mut out = BytesMut::new();
+    write_ping(&mut out, false, *b"stillup!");
+    s.peer.send(&out).await;
+    let (h, p) = s.peer.next().await;
+    assert_eq!((h.kind, &p[..]), (kind::PING, &b"stillup!"[..]));
+    assert!(!s.task.is_finished());
 }
 
 #[tokio::test]

@@ -211,13 +211,15 @@ fn client_streams_get_odd_increasing_ids_within_the_peer_limit() {
         (Bytes::from_static(b":path"), Bytes::from_static(b"/x")),
     ];
     let mut d = Deliver::default();
-    link.lock().apply_settings(
-        &Settings {
-            max_concurrent_streams: Some(2),
-            ..Settings::default()
-        },
-        &mut d,
-    );
+    link.lock()
+        .apply_settings(
+            &Settings {
+                max_concurrent_streams: Some(2),
+                ..Settings::default()
+            },
+            &mut d,
+        )
+        .unwrap();
     assert_eq!(link.open(&head, false, route(&src, 1)), Some(1));
     assert_eq!(link.open(&head, false, route(&src, 2)), Some(3));
     assert_eq!(
@@ -236,6 +238,32 @@ fn client_streams_get_odd_increasing_ids_within_the_peer_limit() {
 }
 
 #[test]
+fn a_larger_initial_window_may_not_take_a_stream_window_past_the_maximum() {
+    let link = server();
+    link.accept(1, None);
+    let mut d = Deliver::default();
+    // 65,535 + (2^31 − 1 − 65,535): the stream's window is at the maximum.
+    link.lock()
+        .window_update(1, frame::MAX_WINDOW - frame::DEFAULT_WINDOW, &mut d)
+        .unwrap();
+    let settings = |n| Settings {
+        initial_window_size: Some(n),
+        ..Settings::default()
+    };
+    // No change is fine; one octet more is past 2^31 − 1 (RFC 9113 §6.9.2).
+    assert_eq!(
+        link.lock()
+            .apply_settings(&settings(frame::DEFAULT_WINDOW), &mut d),
+        Ok(())
+    );
+    assert_eq!(
+        link.lock()
+            .apply_settings(&settings(frame::DEFAULT_WINDOW + 1), &mut d),
+        Err(WindowOverflow)
+    );
+}
+
+#[test]
 fn a_smaller_initial_window_can_make_a_stream_window_negative() {
     let link = server();
     link.accept(1, None);
@@ -243,13 +271,15 @@ fn a_smaller_initial_window_can_make_a_stream_window_negative() {
     take(&link);
     let mut d = Deliver::default();
     // 65,535 → 1,000: the stream is now 59,000 over.
-    link.lock().apply_settings(
-        &Settings {
-            initial_window_size: Some(1_000),
-            ..Settings::default()
-        },
-        &mut d,
-    );
+    link.lock()
+        .apply_settings(
+            &Settings {
+                initial_window_size: Some(1_000),
+                ..Settings::default()
+            },
+            &mut d,
+        )
+        .unwrap();
     link.lock().window_update(0, 1_000_000, &mut d).unwrap();
     assert_eq!(
         link.data(1, b"more", false),

@@ -1,0 +1,141 @@
+//! Hostile peers on the agent port, with a raw HTTP/2 client: each attack
+//! ends the connection with the GOAWAY code RFC 9113 (or the practice of
+//! nginx) names, is counted by reason, and leaves the gateway serving.
+//!
+//! - an HPACK bomb (a header block of one-octet references to one large
+//!   table entry) is refused before it is decoded past the header list
+//!   limit: `ENHANCE_YOUR_CALM`, and the process's peak memory barely moves;
+//! - a SETTINGS_INITIAL_WINDOW_SIZE that takes an open stream's send window
+//!   past 2^31−1: `FLOW_CONTROL_ERROR`;
+//! - a connection that never sends the HTTP/2 preface is closed after
+//!   `listener.prefaceTimeoutSeconds`, while one that did stays.
+
+mod common;
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+use common::*;
+use spinlink_gateway::admin::Refusal;
+use spinlink_http2::frame::{self, Reason, kind};
+use spinlink_http2::hpack::Indexing;
+use spinlink_proto::paths;
+
+async fn gateway(pki: &spinlink_tls::dev::DevPki, extra: &str) -> RunningGateway {
+    start_gateway(&tls_gateway_yaml(
+        pki,
+        &format!("upstreams: [{{url: 'http://127.0.0.1:9'}}]\n{extra}"),
+    ))
+    .await
+}
+
+/// The most this process has held resident so far (`VmHWM`), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("Linux /proc");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmHWM line");
+    kib * 1024
+}
+
+/// A 64 KiB header block that adds one 2,000-octet field to the HPACK
+/// table and then refers to it in one octet, over and over: about 130 MB
+/// of header list for 64 KiB on the wire.
+fn hpack_bomb(raw: &mut RawH2) -> BytesMut {
+    let value = vec![b'a'; 2000];
+    let mut block = BytesMut::new();
+    // The encoder indexes the first and sends each repeat as index 62.
+    raw.enc.encode(
+        std::iter::repeat_n((&b"x-bomb"[..], &value[..], Indexing::Indexed), 63_000),
+        &mut block,
+    );
+    assert!(block.len() <= 64 * 1024, "within the CONTINUATION cap");
+    block
+}
+
+#[tokio::test]
+async fn an_hpack_bomb_ends_the_connection_before_it_is_decoded() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "").await;
+    let mut raw = RawH2::connect(gw.addr, &pki.pki).await;
+    raw.ping().await;
+    let before = peak_rss();
+    let bomb = hpack_bomb(&mut raw);
+    raw.headers(1, &bomb).await;
+    // The gateway's answer to the block, whatever it is, comes once it
+    // has done with it.
+    let (head, payload) = tokio::time::timeout(WAIT, async {
+        loop {
+            let (head, payload) = raw.next().await;
+            if matches!(head.kind, kind::GOAWAY | kind::RST_STREAM) {
+                return (head, payload);
+            }
+        }
+    })
+    .await
+    .expect("no answer to the header block");
+    // Decoded whole, the block would have been ~130 MB in one buffer.
+    let grown = peak_rss().saturating_sub(before);
+    assert!(grown < 32 << 20, "peak memory grew by {} MiB", grown >> 20);
+    // Not a stream reset the peer could answer with the same block again:
+    // the connection ends.
+    assert_eq!(head.kind, kind::GOAWAY, "answered with frame {head:?}");
+    assert_eq!(Reason(word(&payload[4..])), Reason::ENHANCE_YOUR_CALM);
+    assert!(raw.closed().await, "still open after GOAWAY");
+    wait_refusals(&gw.stats, Refusal::HeaderListTooLarge, 1).await;
+    // The same peer cannot try again on that connection; the gateway
+    // serves the next one.
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    hello(&a1, &["dev-1"]).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_settings_change_past_the_maximum_window_is_a_flow_control_error() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "").await;
+    let mut raw = RawH2::connect(gw.addr, &pki.pki).await;
+    // A `Hello` whose request never comes keeps stream 1 open, its send
+    // window at the 65,535 of the peer's initial SETTINGS.
+    raw.open(1, paths::HELLO).await;
+    let mut out = BytesMut::new();
+    frame::write_window_update(&mut out, 1, frame::MAX_WINDOW - frame::DEFAULT_WINDOW);
+    raw.send(&out).await;
+    // The PING's answer says the WINDOW_UPDATE was taken: the window is at
+    // 2^31−1, which is allowed.
+    raw.ping().await;
+    let mut out = BytesMut::new();
+    frame::Settings {
+        initial_window_size: Some(frame::DEFAULT_WINDOW + 1),
+        ..frame::Settings::default()
+    }
+    .write(&mut out);
+    raw.send(&out).await;
+    assert_eq!(raw.goaway_then_closed().await, Reason::FLOW_CONTROL_ERROR);
+    wait_refusals(&gw.stats, Refusal::WindowOverflow, 1).await;
+}
+
+#[tokio::test]
+async fn a_connection_without_a_preface_is_closed_after_the_timeout() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "listener:\n  prefaceTimeoutSeconds: 1\n").await;
+    // One connection says nothing after TLS; one says its preface at once.
+    let started = Instant::now();
+    let mut silent = RawH2::connect_silent(gw.addr, &pki.pki).await;
+    let mut talking = RawH2::connect(gw.addr, &pki.pki).await;
+    talking.ping().await;
+    assert!(
+        silent.closed().await,
+        "the silent connection was not closed"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited.as_secs_f64() >= 1.0,
+        "closed after {waited:?}, before its timeout"
+    );
+    wait_refusals(&gw.stats, Refusal::PrefaceTimeout, 1).await;
+    // Past the timeout, the connection that spoke is still served.
+    talking.ping().await;
+    assert_eq!(gw.stats.metrics().refusals(Refusal::PrefaceTimeout), 1);
+}
