@@ -56,11 +56,27 @@ impl Sidecar {
         s
     }
 
+    /// Its configuration: the peer port on mutual TLS with the sidecar
+    /// identity of a development CA of the sidecars' own, on loopback
+    /// (`allowLoopback`: every sidecar of this store runs on this host).
     fn yaml(&self) -> String {
+        let dir = self.dir.join("peer-pki");
+        std::fs::create_dir_all(&dir).unwrap();
+        let pki = DevPki::ensure(&dir, &[]).unwrap();
         format!(
             "instanceId: {}\ntunnel:\n  listen: {}\n  insecure: true\nfacade:\n  listen: {}\n\
-             store:\n  url: \"{}\"\nownership:\n  leaseSeconds: {}\n",
-            self.id, self.tunnel, self.facade, self.store_url, self.lease_seconds
+             store:\n  url: \"{}\"\nownership:\n  leaseSeconds: {}\n\
+             peer:\n  listen: 127.0.0.1:0\n  allowLoopback: true\n  tls:\n    certFile: {}\n    \
+             keyFile: {}\n    caFile: {}\n    peerIdentities: [\"{}\"]\n",
+            self.id,
+            self.tunnel,
+            self.facade,
+            self.store_url,
+            self.lease_seconds,
+            p(pki.cert("sidecar-peer")),
+            p(pki.key("sidecar-peer")),
+            p(pki.ca_cert()),
+            spinlink_tls::dev::dev_sidecar_identity(),
         )
     }
 
