@@ -180,8 +180,10 @@ impl Sidecar {
                 client,
             })
         } else {
+            // A sole sidecar on a SQLite file is a setup of its own; say
+            // what it lacks without crying wolf.
             if config.store.shared() {
-                tracing::warn!(
+                tracing::info!(
                     store = %config.store.url,
                     "no peer port (peer.tls): another sidecar sharing this store cannot forward \
                      requests to this one or take its accounts over warm"
