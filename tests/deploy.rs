@@ -323,7 +323,7 @@ mod cert_manager {
 
 /// Checks one object against the schema of its `apiVersion` and `kind`.
 fn check_schema(obj: &Value) -> Result<(), String> {
-    use k8s_openapi::api::{apps, autoscaling, core, policy, rbac};
+    use k8s_openapi::api::{apps, autoscaling, core, networking, policy, rbac};
     let api_version = obj["apiVersion"].as_str().unwrap_or("");
     let k = kind(obj);
     let result = match (api_version, k) {
@@ -344,6 +344,9 @@ fn check_schema(obj: &Value) -> Result<(), String> {
         ("v1", "ServiceAccount") => roundtrip::<core::v1::ServiceAccount>(obj),
         ("v1", "Namespace") => roundtrip::<core::v1::Namespace>(obj),
         ("apps/v1", "Deployment") => roundtrip::<apps::v1::Deployment>(obj),
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            roundtrip::<networking::v1::NetworkPolicy>(obj)
+        }
         ("policy/v1", "PodDisruptionBudget") => roundtrip::<policy::v1::PodDisruptionBudget>(obj),
         ("autoscaling/v2", "HorizontalPodAutoscaler") => {
             roundtrip::<autoscaling::v2::HorizontalPodAutoscaler>(obj)
@@ -1114,11 +1117,24 @@ fn run_until_listening(subcommand: &str, config: &Path) -> String {
 /// Loads a gateway or sidecar configuration with the real binary:
 /// `spinlink gateway|sidecar --check-config --config FILE`.
 fn load_component_config(subcommand: &str, text: &str, dir: &Path) -> Result<(), String> {
+    load_component_config_with(subcommand, text, dir, &[])
+}
+
+/// The same, with the container's arguments after `--config FILE` (the
+/// sidecar's `--peer-advertise-url`), `$(POD_IP)` expanded as the kubelet
+/// would for a pod at 10.1.2.3.
+fn load_component_config_with(
+    subcommand: &str,
+    text: &str,
+    dir: &Path,
+    extra: &[String],
+) -> Result<(), String> {
     let file = dir.join(format!("{subcommand}.yaml"));
     std::fs::write(&file, text).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_spinlink"))
         .args([subcommand, "--check-config", "--config"])
         .arg(&file)
+        .args(extra.iter().map(|a| a.replace("$(POD_IP)", "10.1.2.3")))
         .output()
         .unwrap();
     match out.status.success() {
@@ -1171,10 +1187,289 @@ fn gateway_and_sidecar_configs_from_the_chart_load() {
             values.display()
         );
         let local = relocate(&sidecar, container(&patch, "spinlink-sidecar"), tmp.path());
-        load_component_config("sidecar", &local, tmp.path()).unwrap_or_else(|e| {
+        let args = sidecar_args(container(&patch, "spinlink-sidecar"));
+        load_component_config_with("sidecar", &local, tmp.path(), &args).unwrap_or_else(|e| {
             panic!("{}: sidecar config refused: {e}\n{local}", values.display())
         });
     }
+}
+
+/// The sidecar container's arguments after `--config FILE`.
+fn sidecar_args(container: &Value) -> Vec<String> {
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let at = args.iter().position(|a| a == "--config").unwrap();
+    args[at + 2..].to_vec()
+}
+
+/// The labels of a Deployment's pods.
+fn pod_labels(deployment: &Value) -> &serde_json::Map<String, Value> {
+    deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap()
+}
+
+/// Whether `selector` (matchLabels) selects pods labelled `labels`.
+fn selects(selector: &Value, labels: &serde_json::Map<String, Value>) -> bool {
+    selector["matchLabels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The sidecar's scale-out as rendered: the peer port on mutual TLS with
+/// the sidecar identity its certificate carries, advertised at the pod's
+/// own address (POD_IP from the downward API), the facade on loopback, and
+/// a NetworkPolicy letting only gateway pods reach the tunnel port and
+/// only sidecar pods the peer port. `clouddriver` is the patched
+/// Deployment, `gateway` the gateway's; `certificate` the sidecar's, when
+/// rendered.
+fn check_scale_out(
+    config: &Value,
+    clouddriver: &Value,
+    gateway: &Value,
+    policies: &[&Value],
+    certificate: Option<&Value>,
+    fullname: &str,
+) {
+    let identity = format!("spiffe://spinlink/sidecar/{fullname}");
+    let peer = &config["peer"];
+    let port: u16 = peer["listen"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("0.0.0.0:")
+        .expect("the peer port listens on the pod network")
+        .parse()
+        .unwrap();
+    for key in ["certFile", "keyFile", "caFile"] {
+        assert!(peer["tls"][key].is_string(), "peer.tls.{key}");
+    }
+    assert_eq!(strings(&peer["tls"]["peerIdentities"]), set(&[&identity]));
+    assert!(
+        peer.get("advertiseUrl").is_none() && peer.get("insecure").is_none(),
+        "per pod, never in the shared config; never plaintext"
+    );
+    assert!(
+        config["facade"]["listen"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    if let Some(cert) = certificate {
+        assert_eq!(strings(&cert["spec"]["uris"]), set(&[&identity]));
+        let usages = strings(&cert["spec"]["usages"]);
+        assert!(usages.contains("client auth") && usages.contains("server auth"));
+    }
+    let sidecar = container(clouddriver, "spinlink-sidecar");
+    let pod_ip = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_IP")
+        .expect("POD_IP in the sidecar's env");
+    assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    let args = sidecar_args(sidecar);
+    assert_eq!(
+        args,
+        [
+            "--peer-advertise-url".to_owned(),
+            format!("https://$(POD_IP):{port}")
+        ]
+    );
+    let ports: Vec<u64> = sidecar["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].as_u64().unwrap())
+        .collect();
+    let tunnel: u16 = config["tunnel"]["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ports.contains(&u64::from(port)) && ports.contains(&u64::from(tunnel)));
+
+    // One policy selects the sidecar pods; from whom each port opens.
+    let sidecar_pods = pod_labels(clouddriver);
+    let gateway_pods = pod_labels(gateway);
+    let selecting: Vec<&&Value> = policies
+        .iter()
+        .filter(|p| selects(&p["spec"]["podSelector"], sidecar_pods))
+        .collect();
+    assert_eq!(
+        selecting.len(),
+        1,
+        "one NetworkPolicy selects the sidecar pods"
+    );
+    let policy = &selecting[0]["spec"];
+    assert_eq!(policy["policyTypes"], json!(["Ingress"]));
+    let rules = policy["ingress"].as_array().unwrap();
+    let opening = |port: u16| -> Vec<&Value> {
+        rules
+            .iter()
+            .filter(|r| {
+                r["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == json!(port)))
+            })
+            .collect()
+    };
+    for (port, from, not_from, who) in [
+        (tunnel, gateway_pods, sidecar_pods, "gateway"),
+        (port, sidecar_pods, gateway_pods, "sidecar"),
+    ] {
+        let rules = opening(port);
+        assert_eq!(rules.len(), 1, "port {port}: one rule");
+        let peers = rules[0]["from"].as_array().expect("a rule with sources");
+        assert!(
+            peers.len() == 1
+                && peers[0].get("namespaceSelector").is_none()
+                && peers[0].get("ipBlock").is_none(),
+            "port {port}: pods of this namespace only"
+        );
+        assert!(
+            selects(&peers[0]["podSelector"], from),
+            "port {port} opens to the {who} pods"
+        );
+        assert!(
+            !selects(&peers[0]["podSelector"], not_from),
+            "port {port} opens to the {who} pods only"
+        );
+    }
+}
+
+/// The agent's pods: a NetworkPolicy opens their admin port and nothing
+/// else.
+fn check_agent_network_policy(objects: &[Value]) {
+    let deployment = find(objects, "Deployment")[0];
+    let agent = container(deployment, "agent");
+    let policies = find(objects, "NetworkPolicy");
+    assert_eq!(policies.len(), 1, "one NetworkPolicy for the agent");
+    assert!(selects(
+        &policies[0]["spec"]["podSelector"],
+        pod_labels(deployment)
+    ));
+    let opened: BTreeSet<u64> = policies[0]["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["port"].as_u64().unwrap())
+        .collect();
+    let admin: BTreeSet<u64> = agent["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].as_u64().unwrap())
+        .collect();
+    assert_eq!(opened, admin);
+}
+
+#[test]
+fn the_chart_renders_sidecars_that_scale_out_in_pods() {
+    for values in ci_values("spinlink") {
+        let objects = render("spinlink", &values);
+        let gateway = one(&objects, "Deployment", "-gateway");
+        let fullname = name(gateway).strip_suffix("-gateway").unwrap().to_owned();
+        let config: Value = serde_norway::from_str(&sidecar_config(&objects).unwrap()).unwrap();
+        let patch: Value = serde_norway::from_str(
+            one(&objects, "ConfigMap", "-clouddriver-patch")["data"]["patch.yaml"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let clouddriver = find(
+            &apply_clouddriver_patch(&serde_json::to_string(&patch).unwrap()),
+            "Deployment",
+        )[0]
+        .clone();
+        let certificate = find(&objects, "Certificate")
+            .into_iter()
+            .find(|c| name(c).ends_with("-sidecar"));
+        check_scale_out(
+            &config,
+            &clouddriver,
+            gateway,
+            &find(&objects, "NetworkPolicy"),
+            certificate,
+            &fullname,
+        );
+        // The gateway finds every sidecar pod through the Service's
+        // EndpointSlices, with a token and a Role that reads only those.
+        let gateway_config: Value = serde_norway::from_str(
+            one(&objects, "ConfigMap", "-gateway-config")["data"]["gateway.yaml"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let automount = &gateway["spec"]["template"]["spec"]["automountServiceAccountToken"];
+        if gateway_config["upstreams"][0].get("discovery").is_none() {
+            // Upstreams listed by hand: no API access at all.
+            assert_eq!(automount, false, "{}", values.display());
+            assert!(find(&objects, "Role").is_empty(), "{}", values.display());
+            continue;
+        }
+        let service = one(&objects, "Service", "-sidecar");
+        let slices = &gateway_config["upstreams"][0]["discovery"]["endpointSlices"];
+        assert_eq!(
+            slices["service"].as_str(),
+            Some(name(service)),
+            "{}",
+            values.display()
+        );
+        assert_eq!(slices["portName"], service["spec"]["ports"][0]["name"]);
+        let role = one(&objects, "Role", "-gateway-discovery");
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"]}])
+        );
+        let binding = one(&objects, "RoleBinding", "-gateway-discovery");
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(
+            binding["subjects"][0]["name"],
+            gateway["spec"]["template"]["spec"]["serviceAccountName"]
+        );
+        assert_eq!(automount, true);
+    }
+    for values in ci_values("spinlink-agent") {
+        check_agent_network_policy(&render("spinlink-agent", &values));
+    }
+}
+
+#[test]
+fn kustomize_renders_sidecars_that_scale_out_in_pods() {
+    let dir = kustomize_dir();
+    let objects = kustomize(&dir.join("overlays/spinnaker-service-mode")).unwrap();
+    let patch =
+        std::fs::read_to_string(dir.join("spinnaker-service/clouddriver-sidecar/patch.yaml"))
+            .unwrap();
+    let clouddriver = find(&apply_clouddriver_patch(&patch), "Deployment")[0].clone();
+    let config: Value = serde_norway::from_str(
+        &std::fs::read_to_string(dir.join("spinnaker-service/clouddriver-sidecar/sidecar.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    check_scale_out(
+        &config,
+        &clouddriver,
+        one(&objects, "Deployment", "-gateway"),
+        &find(&objects, "NetworkPolicy"),
+        find(&objects, "Certificate")
+            .into_iter()
+            .find(|c| name(c).ends_with("-sidecar")),
+        "spinlink",
+    );
+    let agent = kustomize(&dir.join("overlays/agent-mode")).unwrap();
+    check_agent_network_policy(&agent);
 }
 
 #[test]
@@ -1202,8 +1497,22 @@ fn gateway_config_check_refuses_unknown_keys() {
         })
         .collect::<Vec<_>>()
         .join("\n");
+    // Outside a cluster the EndpointSlice watch needs a kubeconfig: one
+    // naming an API server nobody serves (the watch retries; the gateway
+    // serves meanwhile).
+    let mut on_loopback: Value = serde_norway::from_str(&on_loopback).unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n\
+         current-context: c\n",
+    )
+    .unwrap();
+    on_loopback["upstreams"][0]["discovery"]["endpointSlices"]["kubeconfig"] =
+        json!(kubeconfig.display().to_string());
     let file = tmp.path().join("gateway-run.yaml");
-    std::fs::write(&file, on_loopback).unwrap();
+    std::fs::write(&file, serde_norway::to_string(&on_loopback).unwrap()).unwrap();
     let listening = run_until_listening("gateway", &file);
     assert!(
         listening.starts_with("listening: gateway 127.0.0.1:"),
@@ -1600,7 +1909,8 @@ fn kustomize_clouddriver_patch_adds_the_sidecar() {
         container(deployment, "spinlink-sidecar"),
         tmp.path(),
     );
-    load_component_config("sidecar", &local, tmp.path()).unwrap();
+    let args = sidecar_args(container(deployment, "spinlink-sidecar"));
+    load_component_config_with("sidecar", &local, tmp.path(), &args).unwrap();
     // It serves the identity of the gateway's internal certificate.
     let certificates = documents(
         &std::fs::read_to_string(kustomize_dir().join("spinnaker-service/base/certificates.yaml"))

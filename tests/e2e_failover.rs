@@ -183,8 +183,9 @@ fn a_dead_sidecar_is_replaced_by_a_survivor() {
                 format!(
                     "instanceId: {id}\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
                      facade:\n  listen: 127.0.0.1:0\nstore:\n  url: \"{}\"\n\
-                     ownership:\n  leaseSeconds: 2\n",
-                    store.url(id)
+                     ownership:\n  leaseSeconds: 2\n{}",
+                    store.url(id),
+                    scale::peer_yaml(dir),
                 ),
             );
             let mut proc = Proc::start(id, dir, &["sidecar", "--config", &cfg]);

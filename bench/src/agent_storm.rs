@@ -964,6 +964,17 @@ impl Deployment {
             .lease_seconds
             .map(|s| format!("ownership:\n  leaseSeconds: {s}\n"))
             .unwrap_or_default();
+        // The sidecars forward to, and take accounts over from, each other
+        // as deployed: mutual TLS with the development sidecar identity, on
+        // this host's loopback.
+        let peer = format!(
+            "peer:\n  listen: 127.0.0.1:0\n  allowLoopback: true\n  tls:\n    certFile: {:?}\n    \
+             keyFile: {:?}\n    caFile: {:?}\n    peerIdentities: [{:?}]\n",
+            pki.cert("sidecar-peer").display().to_string(),
+            pki.key("sidecar-peer").display().to_string(),
+            pki.ca_cert().display().to_string(),
+            spinlink_tls::dev::dev_sidecar_identity(),
+        );
         let mut sidecars = Vec::new();
         let (mut tunnels, mut facades) = (Vec::new(), Vec::new());
         for i in 1..=SIDECARS {
@@ -972,7 +983,7 @@ impl Deployment {
                 &cfg,
                 format!(
                     "instanceId: sidecar-r{run}-{i}\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
-                     facade:\n  listen: 127.0.0.1:0\nstore:\n  url: \"{store}\"\n{lease}"
+                     facade:\n  listen: 127.0.0.1:0\nstore:\n  url: \"{store}\"\n{lease}{peer}"
                 ),
             )?;
             let cfg = cfg.to_str().context("non-UTF-8 path")?.to_owned();

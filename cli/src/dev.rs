@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::json;
-use spinlink_tls::dev::{DevPki, dev_agent_identity, dev_gateway_identity};
+use spinlink_tls::dev::{DevPki, dev_agent_identity, dev_gateway_identity, dev_sidecar_identity};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -98,6 +98,17 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         },
         "facade": { "listen": args.facade_listen.to_string() },
         "store": { "url": format!("sqlite://{}", dir.join("sidecar.db").display()) },
+        // As deployed: another sidecar of this store would forward to, and
+        // take accounts over from, this one here, over mutual TLS.
+        "peer": {
+            "listen": "127.0.0.1:0",
+            "tls": {
+                "certFile": pki.cert("sidecar-peer"),
+                "keyFile": pki.key("sidecar-peer"),
+                "caFile": pki.ca_cert(),
+                "peerIdentities": [dev_sidecar_identity()],
+            },
+        },
     });
     let sidecar_cfg =
         spinlink_sidecar::Config::from_file(&write_yaml(&dir, "sidecar.yaml", &sidecar_yaml)?)?;

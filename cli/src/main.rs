@@ -70,6 +70,12 @@ enum Command {
         /// Sidecar configuration file (YAML).
         #[arg(long, short)]
         config: PathBuf,
+        /// The URL the other sidecars of the store reach this one's peer
+        /// port at, replacing `peer.advertiseUrl`: per pod, so not in the
+        /// ConfigMap the pods share (the chart passes
+        /// `https://$(POD_IP):7011`, the downward API's `status.podIP`).
+        #[arg(long, env = "SPINLINK_PEER_ADVERTISE_URL")]
+        peer_advertise_url: Option<String>,
         /// Load and validate the configuration, then exit.
         #[arg(long)]
         check_config: bool,
@@ -204,9 +210,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Sidecar {
             config,
+            peer_advertise_url,
             check_config,
         } => {
-            let cfg = spinlink_sidecar::Config::from_file(&config)?;
+            let cfg = spinlink_sidecar::Config::from_file_with(
+                &config,
+                &spinlink_sidecar::config::Overrides { peer_advertise_url },
+            )?;
             cfg.validate()?;
             if check_config {
                 println!("ok: {}", config.display());
@@ -215,6 +225,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let sidecar = spinlink_sidecar::Sidecar::bind(cfg).await?;
             announce("sidecar-tunnel", sidecar.tunnel_addr());
             announce("sidecar-facade", sidecar.facade_addr());
+            if let Some(peer) = sidecar.peer_addr() {
+                announce("sidecar-peer", peer);
+            }
             drain(sidecar.run(shutdown.clone()), &shutdown).await
         }
         Command::KubeSim(args) => {

@@ -1,6 +1,7 @@
 //! The sidecar's configuration file (YAML, camelCase keys): where the tunnel
 //! listens and how it authenticates gateways, where the Kubernetes API facade
-//! listens, which database the store uses, how long offline accounts are
+//! listens (loopback only), where other sidecars of the store reach this one
+//! and how they authenticate (`peer`), which database the store uses, how long offline accounts are
 //! kept, and how accounts are registered with Clouddriver. Start with
 //! [`Config`].
 
@@ -13,6 +14,9 @@ use serde::Deserialize;
 pub const DEFAULT_TUNNEL_LISTEN: &str = "127.0.0.1:7001";
 /// Where the facade listens when the file does not say.
 pub const DEFAULT_FACADE_LISTEN: &str = "127.0.0.1:7002";
+/// Where the peer port listens when the file does not say: every address,
+/// since other sidecars' pods reach it over the pod network.
+pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:7011";
 /// The database used when the file does not name one.
 pub const DEFAULT_STORE_URL: &str = "sqlite::memory:";
 /// The instance id used when the file does not name one.
@@ -102,6 +106,10 @@ pub struct Config {
     pub clouddriver: Option<ClouddriverConfig>,
     /// Account ownership when several sidecars share the store.
     pub ownership: OwnershipConfig,
+    /// The port other sidecars of the store forward facade requests to and
+    /// fetch account snapshots from (absent: neither, which only a store no
+    /// other sidecar shares allows).
+    pub peer: PeerConfig,
     /// Where this configuration came from (a file name), for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -117,6 +125,7 @@ impl Default for Config {
             accounts: AccountsConfig::default(),
             clouddriver: None,
             ownership: OwnershipConfig::default(),
+            peer: PeerConfig::default(),
             origin: "<default>".to_owned(),
         }
     }
@@ -164,18 +173,16 @@ pub struct TlsConfig {
     pub gateway_identities: Vec<String>,
 }
 
-/// The Kubernetes API facade (plain HTTP, meant for loopback).
+/// The Kubernetes API facade: plain HTTP, unauthenticated, with the agents'
+/// rights in their clusters — so on loopback only, for the Clouddriver
+/// beside it. Other sidecars reach this one through [`PeerConfig`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct FacadeConfig {
-    /// Address to listen on.
+    /// Address to listen on: a loopback address.
     pub listen: SocketAddr,
     /// Seconds a relayed request waits for the agent's response head.
     pub relay_timeout_seconds: u64,
-    /// The URL other sidecars reach this facade at (requests for accounts
-    /// this instance owns are forwarded there); defaults to
-    /// `http://<listen>` with an unspecified address read as loopback.
-    pub advertise_url: Option<String>,
     /// Bytes of OpenAPI documents kept in memory across all accounts
     /// (least recently used dropped first); 0 relays every OpenAPI request.
     pub openapi_cache_bytes: u64,
@@ -186,7 +193,6 @@ impl Default for FacadeConfig {
         Self {
             listen: parse_addr(DEFAULT_FACADE_LISTEN),
             relay_timeout_seconds: DEFAULT_RELAY_TIMEOUT_SECS,
-            advertise_url: None,
             openapi_cache_bytes: DEFAULT_OPENAPI_CACHE_BYTES,
         }
     }
@@ -199,13 +205,6 @@ pub struct OwnershipConfig {
     /// Seconds an account's lease lasts unless renewed (renewed every third
     /// of it); also how long a dead sidecar's accounts wait for a new owner.
     pub lease_seconds: u64,
-    /// Where this sidecar serves its account caches to its peers (the warm
-    /// handover, [`crate::handover`]); defaults to the facade's address on
-    /// an ephemeral port.
-    pub handover_listen: Option<SocketAddr>,
-    /// The base URL peers fetch snapshots from; defaults to
-    /// `http://<handoverListen>` with an unspecified address read as loopback.
-    pub handover_advertise_url: Option<String>,
     /// How long a new owner waits for the old owner's snapshot before its
     /// agent lists every kind instead. Keep it below the agents'
     /// `cache.resumeWaitMillis` (5 s by default).
@@ -221,8 +220,6 @@ impl Default for OwnershipConfig {
     fn default() -> Self {
         Self {
             lease_seconds: crate::ownership::DEFAULT_LEASE.as_secs(),
-            handover_listen: None,
-            handover_advertise_url: None,
             handover_timeout_millis: crate::handover::DEFAULT_TIMEOUT_MILLIS,
             handover_drain_seconds: crate::handover::DEFAULT_DRAIN_SECONDS,
             handover_max_bytes: crate::handover::DEFAULT_MAX_BYTES,
@@ -230,12 +227,115 @@ impl Default for OwnershipConfig {
     }
 }
 
+/// The peer port ([`crate::peer`]): sidecars sharing a store forward facade
+/// requests for the accounts another one owns to it, and fetch the caches
+/// of accounts they take over from it. Served only with `tls` (mutual: the
+/// client certificate must chain to `caFile` and name one of
+/// `peerIdentities`) or, for development, `insecure`; neither leaves it
+/// off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct PeerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// The base URL the other sidecars reach this port at (`https://` with
+    /// `tls`), recorded in the store: in a pod its own address, which the
+    /// chart passes as `--peer-advertise-url https://$(POD_IP):7011`.
+    /// Derived from `listen` when that is a specific address; required when
+    /// it is unspecified and the store is PostgreSQL.
+    pub advertise_url: Option<String>,
+    /// Allows advertising a loopback address with a PostgreSQL store:
+    /// every sidecar of the store runs on one host (tests, `spinlink dev`).
+    /// Otherwise refused, as each sidecar would reach only itself.
+    pub allow_loopback: bool,
+    /// Certificate, key, CA and the sidecar identities served.
+    pub tls: Option<PeerTlsConfig>,
+    /// Plaintext HTTP without client certificates: development and tests
+    /// only — it serves cluster caches and the agents' rights to whoever
+    /// connects.
+    pub insecure: bool,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        Self {
+            listen: parse_addr(DEFAULT_PEER_LISTEN),
+            advertise_url: None,
+            allow_loopback: false,
+            tls: None,
+            insecure: false,
+        }
+    }
+}
+
+impl PeerConfig {
+    /// Whether the peer port is served.
+    pub fn enabled(&self) -> bool {
+        self.tls.is_some() || self.insecure
+    }
+
+    /// The URL scheme of the peer port.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// The advertised base URL: `advertiseUrl`, else `<scheme>://<bound>`
+    /// with an unspecified address read as loopback (validation allows that
+    /// only where every sharer of the store runs on one host).
+    pub fn advertise(&self, bound: SocketAddr) -> String {
+        if let Some(url) = &self.advertise_url {
+            return url.trim_end_matches('/').to_owned();
+        }
+        let ip = match bound.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            ip => ip,
+        };
+        format!("{}://{}", self.scheme(), SocketAddr::new(ip, bound.port()))
+    }
+}
+
+/// TLS files and identities of the peer port, used both ways: the server
+/// requires this of the sidecars that connect, and each sidecar presents its
+/// certificate and checks the other's when it forwards or fetches.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct PeerTlsConfig {
+    /// PEM certificate chain, leaf first: served, and presented as client.
+    pub cert_file: PathBuf,
+    /// PEM private key.
+    pub key_file: PathBuf,
+    /// PEM bundle of the CAs that sign the sidecars' certificates.
+    pub ca_file: PathBuf,
+    /// The sidecars' identities, exactly: a URI SAN
+    /// (`spiffe://spinlink/sidecar/spinlink`) or, for a certificate without
+    /// one, a DNS SAN — read as the tunnel reads gateways'. Any other
+    /// certificate `caFile` signs (a gateway's, an agent's) is refused, both
+    /// as client and as server. Required: there is no safe default.
+    pub peer_identities: Vec<String>,
+}
+
 /// The database.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct StoreConfig {
-    /// `sqlite://PATH` (created if missing) or `sqlite::memory:`.
+    /// `sqlite://PATH` (created if missing), `sqlite::memory:` or
+    /// `postgres://…`.
     pub url: String,
+}
+
+impl StoreConfig {
+    /// Whether other sidecars may share this store: any but an in-memory
+    /// SQLite database.
+    pub fn shared(&self) -> bool {
+        !(self.url.contains(":memory:") || self.url.contains("mode=memory"))
+    }
+
+    /// Whether sidecars on other hosts may share it: PostgreSQL. A SQLite
+    /// file is shared only by processes on one host.
+    pub fn networked(&self) -> bool {
+        self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")
+    }
 }
 
 impl Default for StoreConfig {
@@ -383,6 +483,31 @@ impl Default for RetryConfig {
     }
 }
 
+/// Settings given outside the file: what differs per pod of one Deployment
+/// and so cannot be in the ConfigMap they share.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Replaces `peer.advertiseUrl` (`--peer-advertise-url`,
+    /// `SPINLINK_PEER_ADVERTISE_URL`).
+    pub peer_advertise_url: Option<String>,
+}
+
+/// What is wrong with a list of certificate identities matched exactly
+/// (`tunnel.tls.gatewayIdentities`, `peer.tls.peerIdentities`), if anything.
+fn check_identities(identities: &[String]) -> Result<(), String> {
+    for id in identities {
+        if id.trim().is_empty() || id.trim() != id {
+            return Err("an entry is empty or has surrounding spaces".to_owned());
+        }
+        if id.contains('*') {
+            return Err(format!(
+                "{id:?}: identities are matched exactly, not as globs"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn parse_addr(s: &str) -> SocketAddr {
     // The defaults are literals above; a failure here is a typo in this file.
     s.parse().expect("default listen address is valid")
@@ -391,15 +516,26 @@ fn parse_addr(s: &str) -> SocketAddr {
 impl Config {
     /// Reads, parses and validates a YAML file.
     pub fn from_file(path: &Path) -> Result<Self> {
+        Self::from_file_with(path, &Overrides::default())
+    }
+
+    /// Reads and parses a YAML file, applies what the command line or the
+    /// environment set, then validates the result.
+    pub fn from_file_with(path: &Path, overrides: &Overrides) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_yaml_str(&text, &path.display().to_string())
+        Self::from_yaml_str_with(&text, &path.display().to_string(), overrides)
     }
 
     /// Parses and validates YAML; `origin` names it in errors.
     pub fn from_yaml_str(s: &str, origin: &str) -> Result<Self> {
+        Self::from_yaml_str_with(s, origin, &Overrides::default())
+    }
+
+    /// Parses YAML, applies `overrides`, and validates.
+    pub fn from_yaml_str_with(s: &str, origin: &str, overrides: &Overrides) -> Result<Self> {
         let mut config: Config = if s.trim().is_empty() {
             Config::default()
         } else {
@@ -409,6 +545,9 @@ impl Config {
             })?
         };
         config.origin = origin.to_owned();
+        if let Some(url) = &overrides.peer_advertise_url {
+            config.peer.advertise_url = Some(url.clone());
+        }
         config.validate()?;
         Ok(config)
     }
@@ -456,22 +595,22 @@ impl Config {
                          every other certificate the client CA signs is refused",
                     ));
                 }
-                for id in &tls.gateway_identities {
-                    if id.trim().is_empty() || id.trim() != id {
-                        return Err(invalid(
-                            "tunnel.tls.gatewayIdentities",
-                            "an entry is empty or has surrounding spaces",
-                        ));
-                    }
-                    if id.contains('*') {
-                        return Err(invalid(
-                            "tunnel.tls.gatewayIdentities",
-                            &format!("{id:?}: identities are matched exactly, not as globs"),
-                        ));
-                    }
-                }
+                check_identities(&tls.gateway_identities)
+                    .map_err(|m| invalid("tunnel.tls.gatewayIdentities", &m))?;
             }
             (None, true) => {}
+        }
+        if !self.facade.listen.ip().is_loopback() {
+            return Err(invalid(
+                "facade.listen",
+                &format!(
+                    "{} is not a loopback address: the facade is plain HTTP without \
+                     authentication that acts with the agents' rights in their clusters, \
+                     for the Clouddriver beside it only; other sidecars use the peer port \
+                     (peer.listen, mutual TLS)",
+                    self.facade.listen
+                ),
+            ));
         }
         if self.facade.relay_timeout_seconds == 0 {
             return Err(invalid("facade.relayTimeoutSeconds", "must be at least 1"));
@@ -479,23 +618,7 @@ impl Config {
         if self.ownership.lease_seconds == 0 {
             return Err(invalid("ownership.leaseSeconds", "must be at least 1"));
         }
-        if let Some(u) = &self.facade.advertise_url {
-            match url::Url::parse(u) {
-                Ok(p) if p.scheme() == "http" && p.host().is_some() => {}
-                _ => return Err(invalid("facade.advertiseUrl", "must be an http:// URL")),
-            }
-        }
-        if let Some(u) = &self.ownership.handover_advertise_url {
-            match url::Url::parse(u) {
-                Ok(p) if p.scheme() == "http" && p.host().is_some() => {}
-                _ => {
-                    return Err(invalid(
-                        "ownership.handoverAdvertiseUrl",
-                        "must be an http:// URL",
-                    ));
-                }
-            }
-        }
+        self.validate_peer()?;
         if self.ownership.handover_timeout_millis == 0 {
             return Err(invalid(
                 "ownership.handoverTimeoutMillis",
@@ -582,6 +705,116 @@ impl Config {
         }
         if !crate::store::supported(&self.store.url) {
             return Err(invalid("store.url", "must be a sqlite: or postgres:// URL"));
+        }
+        Ok(())
+    }
+
+    /// The peer port: TLS files and identities, and an address the other
+    /// sidecars of the store can reach.
+    fn validate_peer(&self) -> Result<()> {
+        let invalid = |key, message: String| Error::Invalid {
+            origin: self.origin.clone(),
+            key,
+            message,
+        };
+        let peer = &self.peer;
+        match (&peer.tls, peer.insecure) {
+            (Some(_), true) => {
+                return Err(invalid(
+                    "peer.insecure",
+                    "cannot be true together with peer.tls".into(),
+                ));
+            }
+            (None, false) if self.store.networked() => {
+                return Err(invalid(
+                    "peer.tls",
+                    "required with a PostgreSQL store (unless peer.insecure is true): sidecars \
+                     sharing it forward requests to, and take account caches over from, each \
+                     other on the peer port"
+                        .into(),
+                ));
+            }
+            (None, _) => {}
+            (Some(tls), false) => {
+                for (key, path) in [
+                    ("peer.tls.certFile", &tls.cert_file),
+                    ("peer.tls.keyFile", &tls.key_file),
+                    ("peer.tls.caFile", &tls.ca_file),
+                ] {
+                    if path.as_os_str().is_empty() {
+                        return Err(invalid(key, "required".into()));
+                    }
+                }
+                // Without it any certificate the CA signs — a gateway's —
+                // could read every account's cache and act with its rights.
+                if tls.peer_identities.is_empty() {
+                    return Err(invalid(
+                        "peer.tls.peerIdentities",
+                        "required with peer.tls: name the URI SAN (or DNS SAN) of the sidecars' \
+                         certificates, e.g. spiffe://spinlink/sidecar/spinlink; every other \
+                         certificate the CA signs is refused"
+                            .into(),
+                    ));
+                }
+                check_identities(&tls.peer_identities)
+                    .map_err(|m| invalid("peer.tls.peerIdentities", m))?;
+            }
+        }
+        if !peer.enabled() {
+            return Ok(());
+        }
+        let host = match &peer.advertise_url {
+            Some(u) => match url::Url::parse(u) {
+                Ok(p) if p.scheme() == peer.scheme() && p.host().is_some() => {
+                    p.host().map(|h| match h {
+                        url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(ip)),
+                        url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(ip)),
+                        url::Host::Domain(d) if d.eq_ignore_ascii_case("localhost") => {
+                            Some(std::net::Ipv4Addr::LOCALHOST.into())
+                        }
+                        url::Host::Domain(_) => None,
+                    })
+                }
+                _ => {
+                    return Err(invalid(
+                        "peer.advertiseUrl",
+                        format!(
+                            "must be a {}:// URL with a host (https with peer.tls, http with \
+                             peer.insecure)",
+                            peer.scheme()
+                        ),
+                    ));
+                }
+            },
+            None if peer.listen.ip().is_unspecified() && self.store.networked() => {
+                return Err(invalid(
+                    "peer.advertiseUrl",
+                    format!(
+                        "required when peer.listen ({}) is an unspecified address and the store \
+                         is PostgreSQL: the other sidecars need this one's own address, e.g. \
+                         --peer-advertise-url https://$(POD_IP):{} from the downward API",
+                        peer.listen,
+                        peer.listen.port()
+                    ),
+                ));
+            }
+            None => Some(Some(peer.listen.ip())),
+        };
+        let ip = host.flatten();
+        if self.store.networked()
+            && !peer.allow_loopback
+            && ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified())
+        {
+            return Err(invalid(
+                "peer.advertiseUrl",
+                format!(
+                    "{} is a loopback or unspecified address, and sidecars sharing a PostgreSQL \
+                     store run on other hosts: each would reach only itself. Advertise this \
+                     sidecar's own address (--peer-advertise-url), or set peer.allowLoopback \
+                     when every sidecar of the store runs on this host",
+                    peer.advertise(peer.listen)
+                ),
+            ));
         }
         Ok(())
     }
@@ -696,5 +929,125 @@ mod tests {
         Config::from_yaml_str(&ok, "s.yaml").unwrap();
         // Plaintext has no certificates to check; it stays development only.
         Config::from_yaml_str("tunnel: { insecure: true }\n", "s.yaml").unwrap();
+    }
+
+    const PEER_TLS: &str = "tls: { certFile: p.crt, keyFile: p.key, caFile: ca.crt, peerIdentities: ['spiffe://t/sidecar'] }";
+    const PG: &str = "store: { url: 'postgres://spinlink@db/spinlink' }\n";
+
+    fn with(yaml: &str) -> Result<Config> {
+        Config::from_yaml_str(&format!("tunnel: {{ insecure: true }}\n{yaml}"), "p.yaml")
+    }
+
+    fn refused(yaml: &str, key: &str) -> String {
+        let e = with(yaml).unwrap_err().to_string();
+        assert!(e.contains("p.yaml") && e.contains(key), "{yaml}: {e}");
+        e
+    }
+
+    #[test]
+    fn the_facade_listens_on_loopback_only() {
+        for addr in ["0.0.0.0:7002", "10.0.0.5:7002", "[::]:7002"] {
+            let e = refused(
+                &format!("facade: {{ listen: '{addr}' }}\n"),
+                "facade.listen",
+            );
+            assert!(e.contains("peer port"), "{e}");
+        }
+        for addr in ["127.0.0.1:7002", "127.0.0.2:0", "[::1]:7002"] {
+            with(&format!("facade: {{ listen: '{addr}' }}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_old_forwarding_and_handover_addresses_are_gone() {
+        refused(
+            "facade: { advertiseUrl: 'http://10.0.0.5:7002' }\n",
+            "advertiseUrl",
+        );
+        refused(
+            "ownership: { handoverListen: '0.0.0.0:7010' }\n",
+            "handoverListen",
+        );
+    }
+
+    #[test]
+    fn the_peer_port_needs_tls_files_and_sidecar_identities() {
+        let c = with(&format!("peer: {{ {PEER_TLS} }}\n")).unwrap();
+        assert!(c.peer.enabled());
+        assert_eq!(c.peer.listen, parse_addr(DEFAULT_PEER_LISTEN));
+        assert_eq!(c.peer.tls.unwrap().peer_identities, ["spiffe://t/sidecar"]);
+        // Without either it is off, which a store of one's own allows.
+        assert!(!with("").unwrap().peer.enabled());
+        refused(
+            "peer: { tls: { certFile: a, keyFile: b, peerIdentities: [x] } }\n",
+            "peer.tls.caFile",
+        );
+        for bad in ["[]", "['']", "[' s']", "['spiffe://t/*']"] {
+            refused(
+                &format!(
+                    "peer: {{ tls: {{ certFile: a, keyFile: b, caFile: c, peerIdentities: {bad} }} }}\n"
+                ),
+                "peer.tls.peerIdentities",
+            );
+        }
+        refused(
+            &format!("peer: {{ insecure: true, {PEER_TLS} }}\n"),
+            "peer.insecure",
+        );
+        // A PostgreSQL store is shared across hosts: the port is required.
+        let e = refused(PG, "peer.tls");
+        assert!(e.contains("PostgreSQL"), "{e}");
+        refused(
+            &format!("peer: {{ advertiseUrl: 'http://10.0.0.5:7011', {PEER_TLS} }}\n"),
+            "peer.advertiseUrl",
+        );
+    }
+
+    #[test]
+    fn a_postgresql_store_needs_an_address_other_hosts_reach() {
+        // The chart's shape: every address, the pod's own advertised.
+        let listen_all = format!("{PG}peer: {{ listen: '0.0.0.0:7011', {PEER_TLS} }}\n");
+        let e = refused(&listen_all, "peer.advertiseUrl");
+        assert!(e.contains("--peer-advertise-url"), "{e}");
+        let pod = Overrides {
+            peer_advertise_url: Some("https://10.1.2.3:7011".into()),
+        };
+        let c = Config::from_yaml_str_with(
+            &format!("tunnel: {{ insecure: true }}\n{listen_all}"),
+            "p.yaml",
+            &pod,
+        )
+        .unwrap();
+        assert_eq!(
+            c.peer.advertise(parse_addr("0.0.0.0:7011")),
+            "https://10.1.2.3:7011"
+        );
+        // Loopback, given or derived, reaches only this sidecar.
+        for peer in [
+            format!("listen: '127.0.0.1:7011', {PEER_TLS}"),
+            format!("advertiseUrl: 'https://127.0.0.1:7011', {PEER_TLS}"),
+            format!("advertiseUrl: 'https://localhost:7011', {PEER_TLS}"),
+            format!("advertiseUrl: 'https://0.0.0.0:7011', {PEER_TLS}"),
+        ] {
+            let e = refused(&format!("{PG}peer: {{ {peer} }}\n"), "peer.advertiseUrl");
+            assert!(e.contains("allowLoopback"), "{e}");
+            // Unless every sidecar of the store runs on this host.
+            with(&format!("{PG}peer: {{ allowLoopback: true, {peer} }}\n")).unwrap();
+        }
+        // A name resolved elsewhere (a headless Service's pod name) is the
+        // operator's to get right.
+        with(&format!(
+            "{PG}peer: {{ advertiseUrl: 'https://s-0.sidecars:7011', {PEER_TLS} }}\n"
+        ))
+        .unwrap();
+        // A SQLite file is shared only on one host: loopback is right.
+        let c = with(
+            "store: { url: 'sqlite:///tmp/s.db' }\npeer: { listen: '0.0.0.0:0', insecure: true }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.peer.advertise(parse_addr("0.0.0.0:4242")),
+            "http://127.0.0.1:4242"
+        );
     }
 }

@@ -9,7 +9,8 @@
 //! through the API and hands them to agents; [`store`] records accounts in SQLite;
 //! [`accounts::lifecycle`] ends grace periods and drives [`clouddriver`]
 //! registration; [`ownership`] decides which sidecar serves an account and
-//! [`handover`] moves its cache to the next one on a planned move.
+//! [`handover`] moves its cache to the next one on a planned move, both
+//! between sidecars over the [`peer`] port.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
@@ -21,6 +22,7 @@ pub mod facade;
 pub mod handover;
 pub mod metrics;
 pub mod ownership;
+pub mod peer;
 pub mod store;
 pub mod tunnel;
 
@@ -47,10 +49,13 @@ pub enum Error {
     /// The tunnel's TLS files could not be used.
     #[error("tunnel TLS: {0}")]
     Tls(#[from] spinlink_tls::Error),
+    /// The peer port's TLS files could not be used.
+    #[error("peer.tls: {0}")]
+    PeerTls(#[source] spinlink_tls::Error),
     /// A listener could not be bound.
     #[error("binding {what} to {addr}: {source}")]
     Bind {
-        /// `tunnel` or `facade`.
+        /// `tunnel`, `facade` or `peer`.
         what: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -75,14 +80,19 @@ pub enum Error {
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The facade's base URL as a process on this host reaches it.
+/// The facade's base URL as a process on this host reaches it: its bound
+/// address, a loopback one (validation refuses any other).
 fn facade_url(addr: SocketAddr) -> String {
-    let ip = match addr.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-        ip => ip,
-    };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
+    format!("http://{addr}")
+}
+
+/// The bound peer port.
+#[derive(Debug)]
+struct Peer {
+    listener: TcpListener,
+    addr: SocketAddr,
+    security: peer::Security,
+    client: peer::Client,
 }
 
 /// A bound sidecar, ready to run.
@@ -93,8 +103,8 @@ pub struct Sidecar {
     tunnel_addr: SocketAddr,
     facade: TcpListener,
     facade_addr: SocketAddr,
-    handover: TcpListener,
-    handover_addr: SocketAddr,
+    /// The peer port, when served.
+    peer: Option<Peer>,
     security: tunnel::Security,
     accounts: Accounts,
     journal: accounts::journal::Writer,
@@ -111,8 +121,8 @@ async fn bind_listener(what: &'static str, addr: SocketAddr) -> Result<(TcpListe
 }
 
 impl Sidecar {
-    /// Validates `config`, loads the TLS files, opens the store and binds both
-    /// listeners.
+    /// Validates `config`, loads the TLS files, opens the store and binds the
+    /// listeners: tunnel, facade, and the peer port when configured.
     pub async fn bind(config: Config) -> Result<Sidecar> {
         config.validate()?;
         let security = match (&config.tunnel.tls, config.tunnel.insecure) {
@@ -148,15 +158,39 @@ impl Sidecar {
         let store = store::Store::open(&config.store.url).await?;
         let (tunnel, tunnel_addr) = bind_listener("tunnel", config.tunnel.listen).await?;
         let (facade, facade_addr) = bind_listener("facade", config.facade.listen).await?;
-        // Peers reach it where they reach the facade, unless told otherwise.
-        let (handover, handover_addr) = bind_listener(
-            "handover",
-            config
-                .ownership
-                .handover_listen
-                .unwrap_or_else(|| SocketAddr::new(facade_addr.ip(), 0)),
-        )
-        .await?;
+        let peer = if config.peer.enabled() {
+            let (security, client) = match &config.peer.tls {
+                Some(tls) => (
+                    peer::Security::tls(tls).map_err(Error::PeerTls)?,
+                    peer::Client::tls(tls).map_err(Error::PeerTls)?,
+                ),
+                None => {
+                    tracing::warn!(
+                        "peer.insecure: the peer port serves account caches and the agents' \
+                         rights to ANY client in PLAINTEXT; never use this outside development"
+                    );
+                    (peer::Security::Insecure, peer::Client::plaintext())
+                }
+            };
+            let (listener, addr) = bind_listener("peer", config.peer.listen).await?;
+            Some(Peer {
+                listener,
+                addr,
+                security,
+                client,
+            })
+        } else {
+            // A sole sidecar on a SQLite file is a setup of its own; say
+            // what it lacks without crying wolf.
+            if config.store.shared() {
+                tracing::info!(
+                    store = %config.store.url,
+                    "no peer port (peer.tls): another sidecar sharing this store cannot forward \
+                     requests to this one or take its accounts over warm"
+                );
+            }
+            None
+        };
         let metrics = metrics::Metrics::default();
         let (journal, journal_writer) = accounts::journal::Journal::new(
             store.clone(),
@@ -173,8 +207,7 @@ impl Sidecar {
             tunnel_addr,
             facade,
             facade_addr,
-            handover,
-            handover_addr,
+            peer,
             security,
             accounts,
             journal: journal_writer,
@@ -194,9 +227,9 @@ impl Sidecar {
         self.facade_addr
     }
 
-    /// The listener serving account snapshots to peers.
-    pub fn handover_addr(&self) -> SocketAddr {
-        self.handover_addr
+    /// The peer port's address, when it is served.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer.as_ref().map(|p| p.addr)
     }
 
     /// A handle on the accounts registry, usable after `run` starts.
@@ -212,26 +245,22 @@ impl Sidecar {
             facade = %self.facade_addr,
             "sidecar running"
         );
-        let advertise = self
-            .config
-            .facade
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| facade_url(self.facade_addr));
+        let peer_url = self
+            .peer
+            .as_ref()
+            .map(|p| self.config.peer.advertise(p.addr));
+        let client = self
+            .peer
+            .as_ref()
+            .map(|p| p.client.clone())
+            .unwrap_or_default();
         let ownership = ownership::Ownership::new(
             self.store.clone(),
             &self.config.instance_id,
-            &advertise,
+            peer_url.as_deref(),
+            client.clone(),
             Duration::from_secs(self.config.ownership.lease_seconds),
             Duration::from_secs(self.config.accounts.grace_period_seconds),
-        );
-        ownership.set_peer_url(
-            &self
-                .config
-                .ownership
-                .handover_advertise_url
-                .clone()
-                .unwrap_or_else(|| facade_url(self.handover_addr)),
         );
         let metrics = self.metrics.clone();
         // Outlives the facade: the operations it relays last are journaled.
@@ -242,17 +271,10 @@ impl Sidecar {
             handover::Settings {
                 timeout: Duration::from_millis(self.config.ownership.handover_timeout_millis),
                 max_bytes: self.config.ownership.handover_max_bytes,
+                client,
             },
             metrics.clone(),
         );
-        // Outlives the facade and the streams: peers read the caches of the
-        // accounts this sidecar gives up until the drain ends (below).
-        let handover_stop = CancellationToken::new();
-        let handover_server = tokio::spawn(handover::serve(
-            self.handover,
-            handover.clone(),
-            handover_stop.clone(),
-        ));
         // The drain runs in order: the facade stops taking connections and
         // finishes the requests it has — relayed ones need the agents'
         // streams — and only then do the streams end and the leases go, so
@@ -303,17 +325,37 @@ impl Sidecar {
             )
             .run(shutdown.clone()),
         );
-        let facade_impl = facade::Facade::new(
-            self.accounts.clone(),
-            Duration::from_secs(self.config.facade.relay_timeout_seconds),
-        )
-        .with_metrics(metrics)
-        .with_openapi_cache_bytes(
-            usize::try_from(self.config.facade.openapi_cache_bytes).unwrap_or(usize::MAX),
-        )
-        .with_ownership(ownership)
-        .with_dynamic(dynamic)
-        .with_shutdown(shutdown.clone());
+        let facade_impl = Arc::new(
+            facade::Facade::new(
+                self.accounts.clone(),
+                Duration::from_secs(self.config.facade.relay_timeout_seconds),
+            )
+            .with_metrics(metrics.clone())
+            .with_openapi_cache_bytes(
+                usize::try_from(self.config.facade.openapi_cache_bytes).unwrap_or(usize::MAX),
+            )
+            .with_ownership(ownership)
+            .with_dynamic(dynamic)
+            .with_shutdown(shutdown.clone()),
+        );
+        // Outlives the facade and the streams: peers read the caches of the
+        // accounts this sidecar gives up until the drain ends (below), and
+        // forwarded requests are answered — as a stale account's, or with a
+        // retryable 503 — until then.
+        let peer_stop = CancellationToken::new();
+        let peer_server = self.peer.map(|p| {
+            tracing::info!(peer = %p.addr, advertised = peer_url.as_deref().unwrap_or(""), "peer port listening");
+            tokio::spawn(peer::serve(
+                p.listener,
+                p.security,
+                peer::Service {
+                    facade: facade_impl.clone(),
+                    handover: handover.clone(),
+                    metrics: metrics.clone(),
+                },
+                peer_stop.clone(),
+            ))
+        });
         let facade = tokio::spawn({
             let serve = facade::serve(self.facade, facade_impl, shutdown.clone());
             let streams = streams.clone();
@@ -360,10 +402,12 @@ impl Sidecar {
         // the store closes.
         let owning_result = owning.await;
         // The leases are free: the accounts' new owners fetch their caches
-        // now. Only a store other sidecars share can have any.
-        let shared = !(self.config.store.url.contains(":memory:")
-            || self.config.store.url.contains("mode=memory"));
-        if shared && let Ok(online) = &facade_result {
+        // now. Only a store other sidecars share can have any, and only
+        // over the peer port.
+        if self.config.store.shared()
+            && peer_server.is_some()
+            && let Ok(online) = &facade_result
+        {
             let leaving: Vec<String> = online
                 .iter()
                 .filter(|name| {
@@ -381,12 +425,15 @@ impl Sidecar {
                 );
             }
         }
-        handover_stop.cancel();
-        let handover_result = handover_server.await;
+        peer_stop.cancel();
+        let peer_result = match peer_server {
+            Some(server) => server.await,
+            None => Ok(()),
+        };
         self.store.close().await;
         owning_result.map_err(|e| Error::Task("ownership", e))?;
         journal_result.map_err(|e| Error::Task("journal", e))?;
-        handover_result.map_err(|e| Error::Task("handover", e))?;
+        peer_result.map_err(|e| Error::Task("peer", e))?;
         lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;
         if let Some(r) = tunnel_result {

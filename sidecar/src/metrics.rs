@@ -60,6 +60,7 @@ struct Inner {
     cache_watches_expired: Family<Labels, Counter>,
     handovers: Family<Labels, Counter>,
     tunnel_refused: Family<Labels, Counter>,
+    peer_refused: Family<Labels, Counter>,
     journal_dropped: Counter,
     resource_version_writes: Counter,
     openapi_bytes: Gauge,
@@ -167,6 +168,12 @@ impl Metrics {
             "Tunnel streams refused, by reason: not_gateway (the client certificate names none of tunnel.tls.gatewayIdentities), no_certificate, account_held (the account's streams are open from another agent identity)",
             tunnel_refused.clone(),
         );
+        let peer_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "peer_refused",
+            "Connections and requests the peer port refused, by reason: handshake (no client certificate, one peer.tls.caFile does not sign, or a broken handshake; per connection), not_peer (the certificate names none of peer.tls.peerIdentities; per request), path (not a forwarded facade request or a snapshot)",
+            peer_refused.clone(),
+        );
         let journal_dropped = Counter::default();
         registry.register(
             "journal_dropped",
@@ -200,6 +207,7 @@ impl Metrics {
                 cache_watches_expired,
                 handovers,
                 tunnel_refused,
+                peer_refused,
                 journal_dropped,
                 resource_version_writes,
                 requests,
@@ -264,6 +272,15 @@ impl Metrics {
     pub fn tunnel_refused(&self, reason: &str) {
         self.inner
             .tunnel_refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+
+    /// A connection or request refused on the peer port, by reason
+    /// ([`crate::peer`]).
+    pub fn peer_refused(&self, reason: &str) {
+        self.inner
+            .peer_refused
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
     }

@@ -398,13 +398,16 @@ async fn sidecars(
     ids: &[&str],
 ) -> anyhow::Result<(SharedStore, Vec<Running>)> {
     let store = SharedStore::new().await?;
+    // Read when each sidecar binds; not needed after.
+    let pki = PeerPki::new()?;
     let mut running = Vec::new();
     for id in ids {
         let extra = format!(
             "instanceId: {id}\nstore: {{ url: \"{}\" }}\nownership: {{ leaseSeconds: 30 }}\n\
-             accounts: {{ gracePeriodSeconds: 2 }}\n{}",
+             accounts: {{ gracePeriodSeconds: 2 }}\n{}{}",
             store.url,
-            clouddriver_yaml(fake, "")
+            clouddriver_yaml(fake, ""),
+            pki.yaml(),
         );
         running.push(start_named(&extra).await?);
     }

@@ -19,23 +19,45 @@ fn pod(name: &str) -> serde_json::Value {
 
 /// Sidecars `sidecar-a` and `sidecar-b` on one store (SQLite, or
 /// PostgreSQL when `SPINLINK_TEST_POSTGRES_URL` is set) with
-/// `lease_seconds` leases.
-async fn two_sidecars(lease_seconds: u64) -> anyhow::Result<(SharedStore, Running, Running)> {
+/// `lease_seconds` leases, speaking to each other over their peer ports
+/// with mutual TLS and the sidecar identity, as deployed.
+async fn two_sidecars(
+    lease_seconds: u64,
+) -> anyhow::Result<(SharedStore, PeerPki, Running, Running)> {
     let store = SharedStore::new().await?;
-    let extra = |id: &str| {
-        format!(
-            "store: {{ url: \"{}\" }}\nownership: {{ leaseSeconds: {lease_seconds} }}\ninstanceId: {id}\n",
-            store.url
-        )
-    };
-    let a = start_named(&extra("sidecar-a")).await?;
-    let b = start_named(&extra("sidecar-b")).await?;
-    Ok((store, a, b))
+    let pki = PeerPki::new()?;
+    let a = start_named(&peer_config(
+        &store,
+        &pki,
+        "sidecar-a",
+        "sidecar-peer",
+        lease_seconds,
+    ))
+    .await?;
+    let b = start_named(&peer_config(
+        &store,
+        &pki,
+        "sidecar-b",
+        "sidecar-peer",
+        lease_seconds,
+    ))
+    .await?;
+    Ok((store, pki, a, b))
+}
+
+/// Sidecar `id` on `store` whose peer port presents `pki`'s certificate
+/// `cert`.
+fn peer_config(store: &SharedStore, pki: &PeerPki, id: &str, cert: &str, lease: u64) -> String {
+    format!(
+        "store: {{ url: \"{}\" }}\nownership: {{ leaseSeconds: {lease} }}\ninstanceId: {id}\n{}",
+        store.url,
+        pki.yaml_as(cert)
+    )
 }
 
 #[tokio::test]
 async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
-    let (_store, a, b) = two_sidecars(30).await?;
+    let (_store, _pki, a, b) = two_sidecars(30).await?;
 
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
@@ -131,7 +153,7 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
 {
     // A 60 s lease, renewed every 20 s: the takeover below must come from
     // the release when the streams end, long before either.
-    let (_store, a, b) = two_sidecars(60).await?;
+    let (_store, _pki, a, b) = two_sidecars(60).await?;
     let mut to_a = a.client().await?;
     let mut cache = CacheStream::open(&mut to_a, "prod").await?;
     let pods = kind("", "v1", "pods", "Pod", true);
@@ -261,7 +283,7 @@ fn pod_at(name: &str, rv: &str) -> serde_json::Value {
 /// the agent resumes from that. Either way nothing is listed again.
 #[tokio::test]
 async fn an_account_back_with_its_old_cache_resumes_from_the_freshest_one() -> anyhow::Result<()> {
-    let (store, a, b) = two_sidecars(30).await?;
+    let (store, _pki, a, b) = two_sidecars(30).await?;
     let pods = kind("", "v1", "pods", "Pod", true);
     let (mut to_a, mut to_b) = (a.client().await?, b.client().await?);
 
@@ -360,7 +382,7 @@ async fn answer_all(mut relay: RelayStream) {
 #[tokio::test]
 async fn relayed_operations_are_shown_by_every_sidecar_and_outlive_the_one_that_relayed_them()
 -> anyhow::Result<()> {
-    let (store, a, b) = two_sidecars(30).await?;
+    let (store, _pki, a, b) = two_sidecars(30).await?;
     let mut to_a = a.client().await?;
     let cache = CacheStream::open(&mut to_a, "prod").await?;
     let relay = RelayStream::open(&mut to_a, "prod").await?;
@@ -454,5 +476,175 @@ async fn relayed_operations_are_shown_by_every_sidecar_and_outlive_the_one_that_
         404
     );
     drop(store);
+    b.stop().await
+}
+
+/// Waits until `series` on `running`'s metrics reaches `want` (refusals are
+/// counted by the server as it refuses, a moment after the client sees it).
+async fn metric_reaches(running: &Running, series: &str, want: f64) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let value = metric(running, series).await?;
+        if value >= want {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{series} stayed at {value}, not {want}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The peer port answers forwarded requests and snapshots only to a client
+/// certificate of the CA that names a sidecar identity: a gateway's or an
+/// agent's certificate of the same CA gets a 403, a client without a
+/// certificate no handshake, each counted by reason; the accounts API and
+/// metrics are not on it at all.
+#[tokio::test]
+async fn the_peer_port_serves_only_sidecar_certificates() -> anyhow::Result<()> {
+    let (_store, pki, a, b) = two_sidecars(30).await?;
+    let mut to_a = a.client().await?;
+    let mut cache = CacheStream::open(&mut to_a, "prod").await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    sync(&mut cache, &pods, &[pod("web-1")]).await?;
+    cache.wait_acked().await?;
+    wait_status(&a, "prod", |s| s.online).await?;
+    let peer = a.peer.expect("A serves a peer port");
+    let list = "/accounts/prod/api/v1/namespaces/demo/pods";
+    let snapshot = "/internal/accounts/prod/snapshot";
+
+    // A sidecar's certificate: served, as a forwarded request.
+    let (status, body) = pki.get(peer, Some("sidecar-peer"), list).await?;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let items: serde_json::Value = serde_json::from_slice(&body)?;
+    assert_eq!(items["items"][0]["metadata"]["name"], "web-1");
+    // Online at A: not handed over, but judged and answered.
+    assert_eq!(pki.get(peer, Some("sidecar-peer"), snapshot).await?.0, 409);
+    assert_eq!(
+        pki.get(peer, Some("sidecar-peer"), "/v1/accounts").await?.0,
+        404
+    );
+    assert_eq!(
+        pki.get(peer, Some("sidecar-peer"), "/metrics").await?.0,
+        404
+    );
+
+    // Certificates of the same CA naming no sidecar.
+    for (cert, path) in [("gateway", list), ("agent-test", snapshot)] {
+        let (status, body) = pki.get(peer, Some(cert), path).await?;
+        assert_eq!(status, 403, "{cert}: {}", String::from_utf8_lossy(&body));
+        assert!(
+            String::from_utf8_lossy(&body).contains("peer.tls.peerIdentities"),
+            "{cert}: the refusal names the key"
+        );
+    }
+    // No certificate: no handshake, nothing read.
+    assert!(
+        pki.get(peer, None, snapshot).await.is_err(),
+        "a client without a certificate must not get a snapshot"
+    );
+    let refused =
+        |reason: &str| format!("spinlink_sidecar_peer_refused_total{{reason=\"{reason}\"}}");
+    metric_reaches(&a, &refused("not_peer"), 2.0).await?;
+    metric_reaches(&a, &refused("handshake"), 1.0).await?;
+    metric_reaches(&a, &refused("path"), 2.0).await?;
+    // The facade never listens where the peers are.
+    assert_ne!(a.facade, peer);
+
+    drop(cache);
+    a.stop().await?;
+    b.stop().await
+}
+
+/// A sidecar whose peer certificate (of the same CA) is not a sidecar
+/// identity is neither forwarded to, nor served when it forwards, nor
+/// handed an account's cache: a retryable 503 where it owns the account, a
+/// 403 from the owner where it forwards, a cold handover where it takes
+/// one over.
+#[tokio::test]
+async fn a_sidecar_without_a_sidecar_identity_is_neither_forwarded_to_nor_served()
+-> anyhow::Result<()> {
+    let (store, pki, a, b) = two_sidecars(30).await?;
+    // C presents the gateway's certificate on its peer port, both ways.
+    let c = start_named(&peer_config(&store, &pki, "sidecar-c", "gateway", 30)).await?;
+    let pods = kind("", "v1", "pods", "Pod", true);
+    let (mut to_a, mut to_c) = (a.client().await?, c.client().await?);
+    let mut at_a = CacheStream::open(&mut to_a, "prod").await?;
+    sync(&mut at_a, &pods, &[pod("web-1")]).await?;
+    at_a.wait_acked().await?;
+    let mut at_c = CacheStream::open(&mut to_c, "other").await?;
+    sync(&mut at_c, &pods, &[pod("web-9")]).await?;
+    at_c.wait_acked().await?;
+    wait_status(&a, "prod", |s| s.online).await?;
+    wait_status(&c, "other", |s| s.online).await?;
+    let http = http();
+    let path = |account: &str| format!("/accounts/{account}/api/v1/namespaces/demo/pods");
+
+    // B forwards to A (sidecar to sidecar, mutual TLS) ...
+    let via_b = get(&http, &b.url(&path("prod"))).await?;
+    assert_eq!(
+        via_b.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&via_b.body)
+    );
+    // ... but does not speak to C: its server certificate names no sidecar.
+    let to_c_owner = get(&http, &b.url(&path("other"))).await?;
+    assert_eq!(
+        to_c_owner.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&to_c_owner.body)
+    );
+    assert_eq!(
+        to_c_owner
+            .headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    // C forwards to A, which refuses it and counts it.
+    let via_c = get(&http, &c.url(&path("prod"))).await?;
+    assert_eq!(
+        via_c.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&via_c.body)
+    );
+    metric_reaches(
+        &a,
+        "spinlink_sidecar_peer_refused_total{reason=\"not_peer\"}",
+        1.0,
+    )
+    .await?;
+
+    // prod's agent moves from A to C: A refuses C its snapshot, so C's
+    // agent lists every kind again.
+    drop(at_a);
+    wait_status(&a, "prod", |s| !s.online).await?;
+    let mut moved = open_when_free(&mut to_c, "prod", 4).await?;
+    assert!(
+        moved.resume_from().await?.is_empty(),
+        "no cache handed to a sidecar that is not one"
+    );
+    assert_eq!(
+        metric(
+            &c,
+            "spinlink_sidecar_handovers_total{outcome=\"cold\",reason=\"refused\"}"
+        )
+        .await?,
+        1.0
+    );
+    metric_reaches(
+        &a,
+        "spinlink_sidecar_peer_refused_total{reason=\"not_peer\"}",
+        2.0,
+    )
+    .await?;
+
+    drop((moved, at_c, to_a, to_c));
+    c.stop().await?;
+    a.stop().await?;
     b.stop().await
 }

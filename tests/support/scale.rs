@@ -59,8 +59,13 @@ impl Sidecar {
     fn yaml(&self) -> String {
         format!(
             "instanceId: {}\ntunnel:\n  listen: {}\n  insecure: true\nfacade:\n  listen: {}\n\
-             store:\n  url: \"{}\"\nownership:\n  leaseSeconds: {}\n",
-            self.id, self.tunnel, self.facade, self.store_url, self.lease_seconds
+             store:\n  url: \"{}\"\nownership:\n  leaseSeconds: {}\n{}",
+            self.id,
+            self.tunnel,
+            self.facade,
+            self.store_url,
+            self.lease_seconds,
+            peer_yaml(&self.dir),
         )
     }
 
@@ -124,6 +129,24 @@ impl Sidecar {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// The `peer:` section of sidecars sharing a store in `dir`: mutual TLS
+/// with the sidecar identity of a development CA of the sidecars' own
+/// (`dir/peer-pki`, made once), on loopback (`allowLoopback`: every sidecar
+/// of the store runs on this host).
+pub fn peer_yaml(dir: &Path) -> String {
+    let dir = dir.join("peer-pki");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = DevPki::ensure(&dir, &[]).unwrap();
+    format!(
+        "peer:\n  listen: 127.0.0.1:0\n  allowLoopback: true\n  tls:\n    certFile: {}\n    \
+         keyFile: {}\n    caFile: {}\n    peerIdentities: [\"{}\"]\n",
+        p(pki.cert("sidecar-peer")),
+        p(pki.key("sidecar-peer")),
+        p(pki.ca_cert()),
+        spinlink_tls::dev::dev_sidecar_identity(),
+    )
 }
 
 /// Sidecars `ids` on `store`, with `lease_seconds` leases.

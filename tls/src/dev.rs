@@ -264,6 +264,13 @@ pub fn dev_gateway_identity() -> String {
     format!("spiffe://{DEV_TRUST_DOMAIN}/gateway")
 }
 
+/// The identity (URI SAN) of the development sidecars' peer certificate
+/// (`sidecar-peer.crt`): what development sidecars name in
+/// `peer.tls.peerIdentities`.
+pub fn dev_sidecar_identity() -> String {
+    format!("spiffe://{DEV_TRUST_DOMAIN}/sidecar")
+}
+
 /// The files of a development PKI directory, as [`DevPki::ensure`] lays them out.
 #[derive(Debug, Clone)]
 pub struct DevPki {
@@ -273,8 +280,9 @@ pub struct DevPki {
 
 impl DevPki {
     /// Uses the PKI in `dir`, generating the CA, a gateway certificate, a
-    /// sidecar certificate and one client certificate per agent id when they
-    /// are missing. Server certificates name `localhost`, `127.0.0.1` and `::1`.
+    /// sidecar certificate (the tunnel's), a sidecar peer certificate (the
+    /// peer port's, both ways) and one client certificate per agent id when
+    /// they are missing. Server certificates name `localhost`, `127.0.0.1` and `::1`.
     pub fn ensure(dir: &Path, agent_ids: &[&str]) -> Result<Self> {
         let pki = Self {
             dir: dir.to_owned(),
@@ -297,9 +305,14 @@ impl DevPki {
             ca.issue(&leaf)?.write(dir, "gateway")?;
         }
         if !pki.cert("sidecar").exists() {
-            let leaf = local(Leaf::server("spinlink-sidecar"))
-                .with_uri(&format!("spiffe://{DEV_TRUST_DOMAIN}/sidecar"));
+            let leaf = local(Leaf::server("spinlink-sidecar")).with_uri(&dev_sidecar_identity());
             ca.issue(&leaf)?.write(dir, "sidecar")?;
+        }
+        // Both ends of the peer port present it: server and client.
+        if !pki.cert("sidecar-peer").exists() {
+            let leaf = local(Leaf::server("spinlink-sidecar-peer").also_client())
+                .with_uri(&dev_sidecar_identity());
+            ca.issue(&leaf)?.write(dir, "sidecar-peer")?;
         }
         for id in agent_ids {
             let name = format!("agent-{id}");

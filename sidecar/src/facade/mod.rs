@@ -322,9 +322,9 @@ fn warn_stale(account: &Account, offline: bool, resp: &mut Response<Body>) {
 }
 
 /// Serves the facade on `listener` until `shutdown`, then lets open
-/// connections finish for [`DEFAULT_DRAIN_GRACE`].
-pub async fn serve(listener: TcpListener, facade: Facade, shutdown: CancellationToken) {
-    let facade = Arc::new(facade);
+/// connections finish for [`DEFAULT_DRAIN_GRACE`]. The peer port
+/// ([`crate::peer`]) answers forwarded requests with the same `facade`.
+pub async fn serve(listener: TcpListener, facade: Arc<Facade>, shutdown: CancellationToken) {
     serve_http(
         listener,
         "facade",
@@ -338,11 +338,8 @@ pub async fn serve(listener: TcpListener, facade: Facade, shutdown: Cancellation
     .await;
 }
 
-/// Serves HTTP/1.1 and h2c on `listener` with `handle` until `shutdown`;
-/// then refuses new connections at once (rather than leave them queued in
-/// the backlog until the process exits, so a load balancer or Service sends
-/// them to another instance) and gives each open one `grace` to finish.
-/// `what` names the listener in logs.
+/// Serves HTTP/1.1 and h2c on `listener` with `handle` until `shutdown`, as
+/// [`serve_with`] says.
 pub async fn serve_http<F, Fut>(
     listener: TcpListener,
     what: &'static str,
@@ -351,6 +348,41 @@ pub async fn serve_http<F, Fut>(
     grace: Duration,
 ) where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    serve_with(
+        listener,
+        what,
+        move |tcp, _| {
+            let handle = handle.clone();
+            async move { Some((tcp, handle)) }
+        },
+        shutdown,
+        grace,
+    )
+    .await;
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on `listener` until `shutdown`; then refuses
+/// new connections at once (rather than leave them queued in the backlog
+/// until the process exits, so a load balancer or Service sends them to
+/// another instance) and gives each open one `grace` to finish. `accept`
+/// turns each connection (TCP_NODELAY set) into the stream to speak HTTP on
+/// and the handler of its requests — a TLS handshake and the peer it
+/// names, on the peer port — or refuses it (`None`); it runs in the
+/// connection's own task, so a slow handshake holds no other up. `what`
+/// names the listener in logs.
+pub async fn serve_with<A, AFut, Io, F, Fut>(
+    listener: TcpListener,
+    what: &'static str,
+    accept: A,
+    shutdown: CancellationToken,
+    grace: Duration,
+) where
+    A: Fn(tokio::net::TcpStream, std::net::SocketAddr) -> AFut + Send + 'static,
+    AFut: std::future::Future<Output = Option<(Io, F)>> + Send + 'static,
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
 {
     let mut conns = tokio::task::JoinSet::new();
@@ -370,15 +402,19 @@ pub async fn serve_http<F, Fut>(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
-        let handle = handle.clone();
+        let accepted = accept(tcp, peer);
         let stop = shutdown.clone();
         conns.spawn(async move {
+            let Some((io, handle)) = accepted.await else {
+                return;
+            };
+            let handle = Arc::new(handle);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let answer = handle(req);
                 async move { Ok::<_, Infallible>(answer.await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            let conn = builder.serve_connection(TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,

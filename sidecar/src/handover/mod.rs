@@ -3,8 +3,8 @@
 //! owner's cache instead of having the agent list every kind again.
 //!
 //! - Every sidecar serves the caches of the accounts it no longer serves to
-//!   its peers, on a listener of its own (`ownership.handoverListen`, its URL
-//!   recorded in the store beside the facade's): `GET
+//!   its peers on the peer port ([`crate::peer`]: mutual TLS, sidecar
+//!   identities only; its URL recorded in the store): `GET
 //!   /internal/accounts/{name}/snapshot` answers a [`snapshot`] stream
 //!   ([`Handover::respond`]). An account still online here is refused (409):
 //!   its cache is still moving, and it has not moved.
@@ -25,33 +25,26 @@
 //!   resumes from it; older (the other owner moved on) the other's snapshot
 //!   replaces it if there is one, else the agent resumes from the older
 //!   cache.
-//! - The listener outlives the facade's during a drain: after the leases
+//! - The peer port outlives the facade's listener during a drain: after the leases
 //!   are released the sidecar keeps serving until every account that was
 //!   online was fetched, or `ownership.handoverDrainSeconds`
 //!   ([`Handover::wait_fetched`]).
 //!
 //! Outcomes are counted in `spinlink_sidecar_handovers_total{outcome,reason}`:
 //! `warm` (reason empty, or `fresher` when a snapshot replaced an older
-//! cache), `resumed` (`current` or `behind`), `cold` with the reason.
-//! Like forwarding between facades, the endpoint trusts the network it is
-//! reachable on: bind it where only peers reach it.
+//! cache), `resumed` (`current` or `behind`), `cold` with the reason — a
+//! peer whose certificate is not a sidecar's is `unreachable`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Empty, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::body::Frame;
 use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use spinlink_kube_api::Status;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Account, Accounts, Presence};
 use crate::cache::KindKey;
@@ -76,8 +69,6 @@ pub const PATH_SUFFIX: &str = "/snapshot";
 /// How long a new owner waits before asking again for the snapshot of an
 /// account still online at the old owner.
 pub const CONFLICT_RETRY: Duration = Duration::from_millis(100);
-/// How long open peer connections may finish after the listener stops.
-pub const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// The sidecar an account was taken from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +186,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// The largest snapshot accepted.
     pub max_bytes: u64,
+    /// How snapshots are fetched: mutual TLS with `peer.tls`.
+    pub client: crate::peer::Client,
 }
 
 impl Default for Settings {
@@ -202,6 +195,7 @@ impl Default for Settings {
         Self {
             timeout: Duration::from_millis(DEFAULT_TIMEOUT_MILLIS),
             max_bytes: DEFAULT_MAX_BYTES,
+            client: crate::peer::Client::default(),
         }
     }
 }
@@ -212,7 +206,6 @@ pub struct Handover {
     accounts: Accounts,
     settings: Settings,
     metrics: Metrics,
-    client: Client<HttpConnector, Empty<Bytes>>,
     /// Accounts whose snapshot a peer read to the end.
     fetched: Mutex<HashSet<String>>,
     fetched_changed: watch::Sender<u64>,
@@ -221,14 +214,10 @@ pub struct Handover {
 impl Handover {
     /// The handover of the accounts in `accounts`.
     pub fn new(accounts: Accounts, settings: Settings, metrics: Metrics) -> Arc<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(settings.timeout));
         Arc::new(Self {
             accounts,
             settings,
             metrics,
-            client: Client::builder(TokioExecutor::new()).build(connector),
             fetched: Mutex::default(),
             fetched_changed: watch::Sender::new(0),
         })
@@ -343,9 +332,9 @@ impl Handover {
         .parse()
         .map_err(|_| Cold::NoAddress)?;
         let req = Request::get(uri)
-            .body(Empty::new())
+            .body(Empty::new().map_err(|e| match e {}).boxed_unsync())
             .map_err(|_| Cold::NoAddress)?;
-        let resp = self.client.request(req).await.map_err(|e| {
+        let resp = self.settings.client.request(req).await.map_err(|e| {
             tracing::debug!(account = account.name(), error = %e, "snapshot fetch failed");
             Cold::Unreachable
         })?;
@@ -493,22 +482,6 @@ fn load(account: &Account, loaded: Loaded, replace: bool) -> Outcome {
         (kinds, false) => Outcome::Warm { kinds, objects },
         (kinds, true) => Outcome::Fresher { kinds, objects },
     }
-}
-
-/// Serves snapshots to peers on `listener` until `shutdown`, then lets open
-/// connections finish for [`DEFAULT_CLOSE_GRACE`].
-pub async fn serve(listener: TcpListener, handover: Arc<Handover>, shutdown: CancellationToken) {
-    crate::facade::serve_http(
-        listener,
-        "handover",
-        move |req: Request<Incoming>| {
-            let resp = handover.respond(req.method(), req.uri().path());
-            async move { resp }
-        },
-        shutdown,
-        DEFAULT_CLOSE_GRACE,
-    )
-    .await;
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 use serde_json::json;
 use spinlink_proto::v1::{self, watch_event::Type as EventType};
 
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
 use super::*;
 
 fn pods() -> v1::Kind {
@@ -24,7 +27,7 @@ fn pod(name: &str, rv: &str) -> v1::WatchEvent {
 }
 
 /// An old owner holding account `prod` (pods p1, p2 at 7; messages up to
-/// 42 applied), serving snapshots on loopback.
+/// 42 applied), serving snapshots on a plaintext peer port on loopback.
 async fn old_owner() -> (Accounts, Arc<Handover>, String, CancellationToken) {
     let accounts = Accounts::new();
     let prod = accounts.get_or_create("prod");
@@ -41,7 +44,20 @@ async fn old_owner() -> (Accounts, Arc<Handover>, String, CancellationToken) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, handover.clone(), stop.clone()));
+    let service = crate::peer::Service {
+        facade: Arc::new(crate::facade::Facade::new(
+            accounts.clone(),
+            Duration::from_secs(60),
+        )),
+        handover: handover.clone(),
+        metrics: Metrics::default(),
+    };
+    tokio::spawn(crate::peer::serve(
+        listener,
+        crate::peer::Security::Insecure,
+        service,
+        stop.clone(),
+    ));
     (accounts, handover, url, stop)
 }
 

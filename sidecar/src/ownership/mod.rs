@@ -7,7 +7,8 @@
 //! instance holds is refused with a retryable status until that lease ends.
 //!
 //! A facade request for an account this instance does not serve is forwarded
-//! once to the owner's facade ([`forward`]), marked with
+//! once to the owner's peer port ([`crate::peer`]: mutual TLS, sidecar
+//! identities only; [`Ownership::forward`]), marked with
 //! [`FORWARDED_HEADER`]; a forwarded request that finds no owner here is
 //! answered with a retryable 503, never forwarded again. Start with
 //! [`Ownership`].
@@ -19,10 +20,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, Uri, header};
 use http_body_util::BodyExt;
-use http_body_util::combinators::UnsyncBoxBody;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use spinlink_kube_api::Status;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -47,8 +44,8 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 pub struct Owner {
     /// Its instance id.
     pub instance: String,
-    /// Its facade's base URL.
-    pub facade_url: String,
+    /// Its peer port's base URL.
+    pub url: String,
 }
 
 /// Why a claim failed.
@@ -69,8 +66,6 @@ pub enum ClaimError {
     Store(#[from] crate::store::Error),
 }
 
-type ForwardBody = UnsyncBoxBody<Bytes, BoxError>;
-
 /// What [`Ownership::deregistration`] allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deregistration {
@@ -88,48 +83,42 @@ pub enum Deregistration {
 pub struct Ownership {
     store: Store,
     instance: String,
-    facade_url: String,
+    /// Where the other sidecars reach this one's peer port, if it serves
+    /// one.
+    peer_url: Option<String>,
     lease: Duration,
     grace: Duration,
     owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
-    client: Client<HttpConnector, ForwardBody>,
-    /// Where this instance serves snapshots to its peers, if it does.
-    peer_url: Mutex<Option<String>>,
+    client: crate::peer::Client,
 }
 
 impl Ownership {
-    /// Ownership for `instance`, whose facade answers at `facade_url`; an
-    /// account offline for less than `grace` is expected back
-    /// ([`Ownership::recently_served`]).
+    /// Ownership for `instance`, whose peer port the others reach at
+    /// `peer_url` (none: it serves none, and nothing is forwarded to it);
+    /// requests are forwarded with `client`. An account offline for less
+    /// than `grace` is expected back ([`Ownership::recently_served`]).
     pub fn new(
         store: Store,
         instance: &str,
-        facade_url: &str,
+        peer_url: Option<&str>,
+        client: crate::peer::Client,
         lease: Duration,
         grace: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
             instance: instance.to_owned(),
-            facade_url: facade_url.trim_end_matches('/').to_owned(),
+            peer_url: peer_url.map(|u| u.trim_end_matches('/').to_owned()),
             lease,
             grace,
             owners: Mutex::default(),
-            client: Client::builder(TokioExecutor::new()).build_http(),
-            peer_url: Mutex::default(),
+            client,
         })
     }
 
     /// This instance's id.
     pub fn instance(&self) -> &str {
         &self.instance
-    }
-
-    /// Records, with this instance, where it serves snapshots to its peers
-    /// ([`crate::handover`]); call before [`Ownership::register`].
-    pub fn set_peer_url(&self, url: &str) {
-        *self.peer_url.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(url.trim_end_matches('/').to_owned());
     }
 
     /// The other instance that held `account`'s lease last (expired,
@@ -305,10 +294,10 @@ impl Ownership {
         {
             return None;
         }
-        match self.store.instance_url(&lease.owner).await {
-            Ok(Some(facade_url)) => Some(Owner {
+        match self.store.instance_peer_url(&lease.owner).await {
+            Ok(Some(url)) => Some(Owner {
                 instance: lease.owner,
-                facade_url,
+                url,
             }),
             Ok(None) => None,
             Err(e) => {
@@ -335,31 +324,20 @@ impl Ownership {
         }
     }
 
-    /// Records where this instance's facade answers, so others can forward
-    /// to it; returns whether the store took it. Called before the sidecar
-    /// serves, and again by [`Ownership::run`] until it succeeds.
+    /// Records where this instance's peer port answers, so others can
+    /// forward to it and fetch snapshots from it; returns whether the store
+    /// took it. Called before the sidecar serves, and again by
+    /// [`Ownership::run`] until it succeeds. The `facade_url` column, where
+    /// sidecars before the peer port forwarded to, gets the same URL: such a
+    /// sidecar, mid-upgrade, then fails to reach this one (a retryable 503)
+    /// rather than reach a loopback address — itself.
     pub async fn register(&self) -> bool {
-        if let Err(e) = self
-            .store
-            .register_instance(&self.instance, &self.facade_url)
-            .await
-        {
+        let url = self.peer_url.as_deref().unwrap_or("");
+        if let Err(e) = self.store.register_instance(&self.instance, url).await {
             tracing::warn!(error = %e, "registering this instance failed");
             return false;
         }
-        let peer_url = self
-            .peer_url
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(peer_url) = peer_url else {
-            return true;
-        };
-        match self
-            .store
-            .set_instance_peer_url(&self.instance, &peer_url)
-            .await
-        {
+        match self.store.set_instance_peer_url(&self.instance, url).await {
             Ok(registered) => registered,
             Err(e) => {
                 tracing::warn!(error = %e, "registering this instance's snapshot address failed");
@@ -478,7 +456,7 @@ impl Ownership {
     }
 
     /// Forwards `req` (for the account at `path`, the full facade path) to
-    /// `owner`'s facade and streams its answer back.
+    /// `owner`'s peer port and streams its answer back.
     pub async fn forward<B>(&self, owner: &Owner, req: Request<B>) -> Response<Body>
     where
         B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
@@ -490,9 +468,9 @@ impl Ownership {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
-        let Ok(uri) = format!("{}{path_and_query}", owner.facade_url).parse::<Uri>() else {
+        let Ok(uri) = format!("{}{path_and_query}", owner.url).parse::<Uri>() else {
             return body::status(&Status::unavailable(format!(
-                "sidecar {} has an unusable facade URL",
+                "sidecar {} has an unusable peer URL",
                 owner.instance
             )));
         };
@@ -502,7 +480,7 @@ impl Ownership {
         if let Ok(v) = HeaderValue::from_str(&self.instance) {
             parts.headers.insert(FORWARDED_HEADER, v);
         }
-        let body: ForwardBody = body
+        let body: crate::peer::client::PeerBody = body
             .map_err(|e| -> BoxError { e.to_string().into() })
             .boxed_unsync();
         match self.client.request(Request::from_parts(parts, body)).await {
@@ -534,24 +512,25 @@ mod tests {
     async fn the_previous_owner_is_whoever_held_the_lease_last() {
         let store = Store::open("sqlite::memory:").await.unwrap();
         let own = |id: &str| {
+            let url = (id == "s1").then_some("https://s1:7011/");
             Ownership::new(
                 store.clone(),
                 id,
-                &format!("http://{id}:7009"),
+                url,
+                crate::peer::Client::default(),
                 DEFAULT_LEASE,
                 Duration::from_secs(600),
             )
         };
         let (s1, s2) = (own("s1"), own("s2"));
-        s1.set_peer_url("http://s1:7010/");
         assert!(s1.register().await);
-        // s2 serves no snapshots (an older sidecar).
+        // s2 serves no peer port (a store no other sidecar shares).
         assert!(s2.register().await);
         assert_eq!(s2.previous_owner("prod").await, None, "never owned");
         s1.claim("prod").await.unwrap();
         let from_s1 = Some(Peer {
             instance: "s1".into(),
-            url: Some("http://s1:7010".into()),
+            url: Some("https://s1:7011".into()),
         });
         assert_eq!(s2.previous_owner("prod").await, from_s1);
         assert_eq!(s1.previous_owner("prod").await, None, "itself");

@@ -67,16 +67,39 @@ impl Gateways {
     /// Judges the peer of a TLS connection from its verified chain, leaf
     /// first.
     pub fn judge(&self, chain: Option<&[CertificateDer<'_>]>) -> Peer {
-        let Some(leaf) = chain.and_then(<[_]>::first) else {
-            return Peer::NoCertificate;
-        };
-        // The chain was verified by the handshake; a leaf that does not
-        // parse names nobody.
-        match identity_from_cert(leaf, &GATEWAY_IDENTITY_ORDER) {
-            Ok(Some(id)) if self.identities.contains(&id) => Peer::Gateway(id),
-            Ok(id) => Peer::NotGateway(id),
-            Err(_) => Peer::NotGateway(None),
+        match listed(&self.identities, chain) {
+            Listed::Yes(id) => Peer::Gateway(id),
+            Listed::No(id) => Peer::NotGateway(id),
+            Listed::NoCertificate => Peer::NoCertificate,
         }
+    }
+}
+
+/// Whether a verified chain's leaf names one of a configured set of
+/// identities: the tunnel's gateways here, the peer port's sidecars in
+/// [`crate::peer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    /// Its identity, one of the set.
+    Yes(String),
+    /// Its identity as read, in none of the set (none when it has neither
+    /// a URI nor a DNS SAN, or does not parse).
+    No(Option<String>),
+    /// There is no certificate.
+    NoCertificate,
+}
+
+/// Reads the identity of `chain`'s leaf (verified by the handshake) as
+/// [`GATEWAY_IDENTITY_ORDER`] says and looks it up in `identities`, exactly.
+pub fn listed(identities: &BTreeSet<String>, chain: Option<&[CertificateDer<'_>]>) -> Listed {
+    let Some(leaf) = chain.and_then(<[_]>::first) else {
+        return Listed::NoCertificate;
+    };
+    // A leaf that does not parse names nobody.
+    match identity_from_cert(leaf, &GATEWAY_IDENTITY_ORDER) {
+        Ok(Some(id)) if identities.contains(&id) => Listed::Yes(id),
+        Ok(id) => Listed::No(id),
+        Err(_) => Listed::No(None),
     }
 }
 

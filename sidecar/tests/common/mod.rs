@@ -33,6 +33,8 @@ pub const IDENTITY: &str = "spiffe://spinlink.dev/agent/test";
 pub struct Running {
     pub tunnel: SocketAddr,
     pub facade: SocketAddr,
+    /// The peer port, when configured.
+    pub peer: Option<SocketAddr>,
     pub accounts: spinlink_sidecar::Accounts,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<spinlink_sidecar::Result<()>>,
@@ -88,6 +90,7 @@ async fn start_yaml(yaml: String) -> anyhow::Result<Running> {
     let running = Running {
         tunnel: sidecar.tunnel_addr(),
         facade: sidecar.facade_addr(),
+        peer: sidecar.peer_addr(),
         accounts: sidecar.accounts(),
         shutdown: shutdown.clone(),
         task: tokio::spawn(sidecar.run(shutdown)),
@@ -499,6 +502,75 @@ pub async fn metric(running: &Running, series: &str) -> anyhow::Result<f64> {
 pub fn fixture(path: &str) -> Value {
     let full = format!("{}/../kube-sim/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_slice(&std::fs::read(&full).unwrap_or_else(|e| panic!("{full}: {e}"))).unwrap()
+}
+
+/// A development PKI for sidecars' peer ports: `sidecar-peer` carries
+/// [`spinlink_tls::dev::dev_sidecar_identity`], `gateway` and `agent-test`
+/// are certificates of the same CA naming no sidecar.
+pub struct PeerPki {
+    pub pki: DevPki,
+    _dir: tempfile::TempDir,
+}
+
+impl PeerPki {
+    pub fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let pki = DevPki::ensure(dir.path(), &["test"])?;
+        Ok(Self { pki, _dir: dir })
+    }
+
+    /// The `peer:` section of a sidecar on loopback serving the sidecar
+    /// identity over mutual TLS (flow style, one line).
+    pub fn yaml(&self) -> String {
+        self.yaml_as("sidecar-peer")
+    }
+
+    /// The `peer:` section of a sidecar presenting `pki`'s certificate
+    /// `cert`, whatever identity it carries.
+    pub fn yaml_as(&self, cert: &str) -> String {
+        let p = |path: std::path::PathBuf| format!("{:?}", path.display().to_string());
+        format!(
+            "peer: {{ listen: 127.0.0.1:0, allowLoopback: true, tls: {{ certFile: {}, keyFile: {}, caFile: {}, peerIdentities: [{:?}] }} }}\n",
+            p(self.pki.cert(cert)),
+            p(self.pki.key(cert)),
+            p(self.pki.ca_cert()),
+            spinlink_tls::dev::dev_sidecar_identity(),
+        )
+    }
+
+    /// `GET path` on the peer port at `addr` over TLS, presenting the
+    /// certificate `cert` (`sidecar-peer`, `gateway`, `agent-test`) or none,
+    /// and checking the server's against the CA as `localhost`. The status
+    /// and body, or what failed (the handshake, the request).
+    pub async fn get(
+        &self,
+        addr: SocketAddr,
+        cert: Option<&str>,
+        path: &str,
+    ) -> anyhow::Result<(u16, Bytes)> {
+        let files = cert.map(|name| (self.pki.cert(name), self.pki.key(name)));
+        let config = client_config(
+            ClientFiles {
+                ca: &self.pki.ca_cert(),
+                identity: files.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+            },
+            &[spinlink_tls::config::ALPN_HTTP1],
+        )?;
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::try_from("localhost")?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header("host", "localhost")
+            .body(http_body_util::Empty::<Bytes>::new())?;
+        let resp = send.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
 }
 
 /// One store for several sidecars: a SQLite file in a temporary directory,

@@ -61,6 +61,14 @@ names.
 {{- default (printf "%s-sidecar-config" (include "spinlink.fullname" .)) .Values.sidecar.existingConfigSecret -}}
 {{- end -}}
 
+{{/*
+The identity (URI SAN) of the sidecars' certificate, which they present to
+each other on the peer port: what peer.tls.peerIdentities names.
+*/}}
+{{- define "spinlink.sidecar.identity" -}}
+{{- printf "spiffe://spinlink/sidecar/%s" (include "spinlink.fullname" .) -}}
+{{- end -}}
+
 {{/* The in-cluster name of the sidecar tunnel Service. */}}
 {{- define "spinlink.sidecar.host" -}}
 {{- printf "%s-sidecar.%s.svc" (include "spinlink.fullname" .) .Release.Namespace -}}
@@ -89,7 +97,14 @@ The gateway configuration file (gateway/src/config.rs). Everything under
 {{- $upstreams = append $upstreams (dict "url" .) -}}
 {{- end -}}
 {{- if not $upstreams -}}
-{{- $upstreams = list (dict "url" (printf "https://%s:%d" (include "spinlink.sidecar.host" .) (int .Values.sidecar.tunnelPort))) -}}
+{{- $upstream := dict "url" (printf "https://%s:%d" (include "spinlink.sidecar.host" .) (int .Values.sidecar.tunnelPort)) -}}
+{{- if eq $g.discovery "endpointSlices" -}}
+{{- /* Every ready sidecar pod, dialled at its address, checked by the Service's name. */ -}}
+{{- $_ := set $upstream "discovery" (dict "endpointSlices" (dict "service" (printf "%s-sidecar" (include "spinlink.fullname" .)) "namespace" .Release.Namespace "portName" "tunnel")) -}}
+{{- else if ne $g.discovery "static" -}}
+{{- fail "gateway.discovery must be endpointSlices or static" -}}
+{{- end -}}
+{{- $upstreams = list $upstream -}}
 {{- end -}}
 {{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" -}}
 {{- /* Towards the sidecars: the internal certificate and CA, never the agents'. */ -}}
@@ -134,7 +149,11 @@ only the gateway's internal identity (or sidecar.gatewayIdentities).
 {{- $s := .Values.sidecar -}}
 {{- $gateways := $s.gatewayIdentities | default (list (include "spinlink.gateway.identity" .)) -}}
 {{- $tls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "clientCaFile" "/etc/spinlink/tls/ca.crt" "gatewayIdentities" $gateways -}}
-{{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
+{{- $peers := $s.peerIdentities | default (list (include "spinlink.sidecar.identity" .)) -}}
+{{- /* The same certificate both ways; advertiseUrl comes per pod (--peer-advertise-url). */ -}}
+{{- $peerTls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "caFile" "/etc/spinlink/tls/ca.crt" "peerIdentities" $peers -}}
+{{- $peer := dict "listen" (printf "0.0.0.0:%d" (int $s.peerPort)) "tls" $peerTls -}}
+{{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "peer" $peer "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
 {{- $r := $s.clouddriver.registration -}}
 {{- if $r.enabled -}}
 {{- $account := dict "namespaces" $r.namespaces "permissions" $r.permissions "onlySpinnakerManaged" $r.onlySpinnakerManaged -}}
@@ -201,8 +220,14 @@ spec:
         - name: spinlink-sidecar
           image: {{ include "spinlink.image" $ }}
           imagePullPolicy: {{ $.Values.image.pullPolicy }}
-          args: [sidecar, --config, /etc/spinlink/sidecar/sidecar.yaml]
+          # Each pod advertises its own address to the other sidecars;
+          # Kubernetes expands $(POD_IP) from the env below.
+          args: [sidecar, --config, /etc/spinlink/sidecar/sidecar.yaml, --peer-advertise-url, "https://$(POD_IP):{{ $s.peerPort }}"]
           env:
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
             - name: SPINLINK_LOG
               value: {{ $.Values.logLevel | quote }}
             {{- with $s.store.postgresql }}
@@ -217,6 +242,9 @@ spec:
           ports:
             - name: spinlink-tunnel
               containerPort: {{ $s.tunnelPort }}
+              protocol: TCP
+            - name: spinlink-peer
+              containerPort: {{ $s.peerPort }}
               protocol: TCP
           readinessProbe:
             tcpSocket:

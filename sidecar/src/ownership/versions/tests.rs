@@ -30,7 +30,8 @@ async fn owner(lease: Duration) -> Owner {
     let own = Ownership::new(
         store.clone(),
         "s1",
-        "http://s1:7002",
+        Some("https://s1:7011"),
+        crate::peer::Client::default(),
         lease,
         Duration::from_secs(600),
     );
