@@ -358,6 +358,59 @@ fn scrub_line(line: &[u8], out: &mut Vec<u8>) -> Result<()> {
     Ok(())
 }
 
+/// Fuzz target body: any bytes from a secrets path, whole or as a watch
+/// stream in two chunks, are scrubbed or refused without a panic; what is
+/// scrubbed holds no `data` or `stringData` at any level a Secret can sit
+/// (the value, `items[]`, `rows[]`, `object`), and its last-applied copy
+/// holds only placeholders.
+pub fn fuzz_scrub(data: &[u8]) {
+    if let Ok(out) = scrub_secret_body(data)
+        && let Ok(v) = serde_json::from_slice::<Value>(&out)
+    {
+        assert_scrubbed(&v);
+    }
+    let split = data.len() / 2;
+    let mut watch = WatchScrubber::new();
+    let mut out = watch.push(&data[..split]).unwrap_or_default();
+    out.extend(watch.push(&data[split..]).unwrap_or_default());
+    out.extend(watch.finish().unwrap_or_default());
+    for line in out.split(|b| *b == b'\n') {
+        if let Ok(v) = serde_json::from_slice::<Value>(line) {
+            assert_scrubbed(&v);
+        }
+    }
+}
+
+/// The invariant [`fuzz_scrub`] checks, following [`Scrubbed`]'s rules.
+fn assert_scrubbed(v: &Value) {
+    match v {
+        Value::Array(items) => items.iter().for_each(assert_scrubbed),
+        Value::Object(o) => {
+            for key in SECRET_VALUE_KEYS {
+                assert!(!o.contains_key(key), "{key} survived: {v}");
+            }
+            if let Some(Value::String(applied)) = o
+                .get("metadata")
+                .and_then(|m| m.get("annotations"))
+                .and_then(|a| a.get(LAST_APPLIED_ANNOTATION))
+            {
+                let applied: Value = serde_json::from_str(applied).expect("rewritten as JSON");
+                for (key, placeholder) in [("data", WITHHELD), ("stringData", WITHHELD_TEXT)] {
+                    if let Some(values) = applied.get(key).and_then(Value::as_object) {
+                        assert!(values.values().all(|x| x == placeholder), "{applied}");
+                    }
+                }
+            }
+            for key in ["items", "rows", "object"] {
+                if let Some(inner) = o.get(key) {
+                    assert_scrubbed(inner);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +457,24 @@ mod tests {
         assert_eq!(applied, json!({"data": {"k": WITHHELD}}));
         assert_eq!(s["type"], "Opaque");
         assert!(!contains_sentinel(&serde_json::to_vec(&s).unwrap()));
+    }
+
+    #[test]
+    fn fuzz_scrub_bodies() {
+        let secret = format!(
+            "{{\"kind\":\"Secret\",\"apiVersion\":\"v1\",\"metadata\":{{\"name\":\"s\",\
+             \"annotations\":{{\"{LAST_APPLIED_ANNOTATION}\":\"{{\\\"data\\\":{{\\\"k\\\":\\\"SENTINEL-VALUE\\\"}}}}\"}}}},\
+             \"data\":{{\"k\":\"SENTINEL-VALUE\"}},\"stringData\":{{\"s\":\"SENTINEL-VALUE\"}}}}"
+        );
+        let applied = r#"{"apiVersion":"v1","data":{"a":"SENTINEL-VALUE"},"kind":"Secret"}"#;
+        let event = format!("{{\"type\":\"ADDED\",\"object\":{secret}}}\n");
+        spinlink_fuzzing::Fuzz::new("agent-scrub")
+            .seeds([
+                secret.into_bytes(),
+                applied.as_bytes().to_vec(),
+                event.into_bytes(),
+            ])
+            .run(fuzz_scrub);
     }
 
     #[test]

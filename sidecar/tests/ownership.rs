@@ -55,16 +55,30 @@ fn peer_config(store: &SharedStore, pki: &PeerPki, id: &str, cert: &str, lease: 
     )
 }
 
+/// An agent's cache stream for `prod` on `sidecar`, its pods (`web-1`)
+/// synced and acknowledged, the account online there.
+async fn serve_prod(
+    sidecar: &Running,
+    client: &mut spinlink_proto::v1::tunnel_client::TunnelClient<tonic::transport::Channel>,
+) -> anyhow::Result<CacheStream> {
+    let mut cache = CacheStream::open(client, "prod").await?;
+    sync(&mut cache, &pods_kind(), &[pod("web-1")]).await?;
+    cache.wait_acked().await?;
+    wait_status(sidecar, "prod", |s| s.online && s.kinds_synced == 1).await?;
+    Ok(cache)
+}
+
+fn pods_kind() -> spinlink_proto::v1::Kind {
+    kind("", "v1", "pods", "Pod", true)
+}
+
 #[tokio::test]
 async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()> {
     let (_store, _pki, a, b) = two_sidecars(30).await?;
 
     let mut to_a = a.client().await?;
-    let mut cache = CacheStream::open(&mut to_a, "prod").await?;
-    let pods = kind("", "v1", "pods", "Pod", true);
-    sync(&mut cache, &pods, &[pod("web-1")]).await?;
-    cache.wait_acked().await?;
-    wait_status(&a, "prod", |s| s.online && s.kinds_synced == 1).await?;
+    let cache = serve_prod(&a, &mut to_a).await?;
+    let pods = pods_kind();
 
     let http = http();
     let path = "/accounts/prod/api/v1/namespaces/demo/pods";
@@ -155,11 +169,8 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
     // the release when the streams end, long before either.
     let (_store, _pki, a, b) = two_sidecars(60).await?;
     let mut to_a = a.client().await?;
-    let mut cache = CacheStream::open(&mut to_a, "prod").await?;
-    let pods = kind("", "v1", "pods", "Pod", true);
-    sync(&mut cache, &pods, &[pod("web-1")]).await?;
-    cache.wait_acked().await?;
-    wait_status(&a, "prod", |s| s.online).await?;
+    let cache = serve_prod(&a, &mut to_a).await?;
+    let pods = pods_kind();
 
     // The agent's streams to A end (its gateway died); A stays up.
     let started = tokio::time::Instant::now();
@@ -505,11 +516,7 @@ async fn metric_reaches(running: &Running, series: &str, want: f64) -> anyhow::R
 async fn the_peer_port_serves_only_sidecar_certificates() -> anyhow::Result<()> {
     let (_store, pki, a, b) = two_sidecars(30).await?;
     let mut to_a = a.client().await?;
-    let mut cache = CacheStream::open(&mut to_a, "prod").await?;
-    let pods = kind("", "v1", "pods", "Pod", true);
-    sync(&mut cache, &pods, &[pod("web-1")]).await?;
-    cache.wait_acked().await?;
-    wait_status(&a, "prod", |s| s.online).await?;
+    let cache = serve_prod(&a, &mut to_a).await?;
     let peer = a.peer.expect("A serves a peer port");
     let list = "/accounts/prod/api/v1/namespaces/demo/pods";
     let snapshot = "/internal/accounts/prod/snapshot";

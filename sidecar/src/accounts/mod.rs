@@ -103,7 +103,7 @@ pub struct Registration {
     /// Why the last attempt failed (`unreachable`, `timeout`, `unavailable`,
     /// `server_error`, `storage_disabled`, `unreadable`, `forbidden`,
     /// `permissions`, `store_error`, `no_account_api`, `rejected`,
-    /// `not_loaded`, `file`), if it did.
+    /// `not_loaded`, `file`, `store`), if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The last failure in words, if the last attempt failed.

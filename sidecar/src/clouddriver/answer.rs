@@ -40,6 +40,9 @@ pub enum CallError {
     /// No answer in time.
     #[error("no answer from Clouddriver within {0:?}")]
     Timeout(Duration),
+    /// The shared store, which says who owns the account, failed.
+    #[error("the store: {0}")]
+    Store(#[from] crate::store::Error),
     /// The kubeconfig directory could not be written.
     #[error("kubeconfig file {path}: {source}")]
     File {
@@ -58,6 +61,7 @@ impl CallError {
             Self::Refused { reason, .. } => reason,
             Self::Transport(_) => "unreachable",
             Self::Timeout(_) => "timeout",
+            Self::Store(_) => "store",
             Self::File { .. } => "file",
         }
     }
@@ -162,6 +166,10 @@ fn message(body: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A kork-web error body (`ErrorConfiguration`: no `path`). The messages
+    /// below are Clouddriver's own, from the files named at each arm of
+    /// [`refused`] (`CredentialsController`, `AccountDefinitionService`,
+    /// `SqlAccountDefinitionRepository`, kork's `GenericExceptionHandlers`).
     fn kork(status: u16, message: &str) -> Vec<u8> {
         serde_json::json!({"timestamp": "2026-01-01T00:00:00.000+00:00", "status": status,
             "error": "Bad Request", "message": message})

@@ -350,6 +350,7 @@ async fn step(shared: &Shared, due: &Due) -> Result<Outcome, CallError> {
             })
         }
         (Wish::Deregistered, _) => delete(shared, name).await,
+        // Never due: a registered account is never done, only live.
         (Wish::Registered, Step::Done) => Ok(Outcome::Live),
     }
 }
@@ -359,10 +360,7 @@ async fn owns(shared: &Shared, name: &str) -> Result<bool, CallError> {
     let Some(ownership) = &shared.ownership else {
         return Ok(true);
     };
-    ownership
-        .holds(name)
-        .await
-        .map_err(|e| CallError::Transport(format!("the store: {e}")))
+    Ok(ownership.holds(name).await?)
 }
 
 /// Records what a step found in the entry, if the wish is still the one
@@ -557,7 +555,7 @@ async fn delete(shared: &Shared, name: &str) -> Result<Outcome, CallError> {
             Ok(Deregistration::Fenced(epoch)) => Some((ownership, epoch)),
             Ok(Deregistration::Elsewhere) => return Ok(Outcome::Elsewhere),
             Ok(Deregistration::NotBefore(at)) => return Ok(Outcome::NotBefore(at)),
-            Err(e) => return Err(CallError::Transport(format!("the store: {e}"))),
+            Err(e) => return Err(e.into()),
         },
     };
     let r = match call(shared, Method::DELETE, &account_url(base, name), None).await {
