@@ -17,47 +17,22 @@
 //! Each check has a test that feeds it something broken, so a check that
 //! passes everything fails here. Start at [`render`] and [`check_schema`].
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::Deserialize as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use support::chart::{documents, helm, root};
 
 // ---------------------------------------------------------------------------
 // Rendering
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
 /// The namespace charts are rendered into.
 const NAMESPACE: &str = "spinlink-test";
-
-/// Runs `python3 deploy/tools/helm.py ARGS`; stdout on success.
-fn helm(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("python3")
-        .arg(root().join("deploy/tools/helm.py"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .map_err(|e| format!("running python3: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "helm.py {args:?} exited with {}:\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
 
 fn chart_dir(chart: &str) -> PathBuf {
     root().join("deploy/helm").join(chart)
@@ -77,14 +52,6 @@ fn ci_values(chart: &str) -> Vec<PathBuf> {
         files.len()
     );
     files
-}
-
-/// Every YAML document of `text` that is not empty.
-fn documents(text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("bad YAML: {e}\n{text}")))
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 fn yaml_file(path: &Path) -> Value {
@@ -1117,21 +1084,32 @@ fn run_until_listening(subcommand: &str, config: &Path) -> String {
 /// Loads a gateway or sidecar configuration with the real binary:
 /// `spinlink gateway|sidecar --check-config --config FILE`.
 fn load_component_config(subcommand: &str, text: &str, dir: &Path) -> Result<(), String> {
-    load_component_config_with(subcommand, text, dir, &[])
+    load_component_config_in_pod(subcommand, text, dir, &[], &Value::Null)
 }
 
-/// The same, with the container's arguments after `--config FILE` (the
-/// sidecar's `--peer-advertise-url`), `$(POD_IP)` expanded as the kubelet
-/// would for a pod at 10.1.2.3.
-fn load_component_config_with(
+/// The same, as `container` runs it: with its arguments after `--config
+/// FILE` (the sidecar's `--peer-advertise-url`) and its `fieldRef`
+/// variables, as in a pod `spin-clouddriver-7d9c5-x2x7q` at 10.1.2.3
+/// (`$(POD_IP)` expanded as the kubelet would).
+fn load_component_config_in_pod(
     subcommand: &str,
     text: &str,
     dir: &Path,
     extra: &[String],
+    container: &Value,
 ) -> Result<(), String> {
     let file = dir.join(format!("{subcommand}.yaml"));
     std::fs::write(&file, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_spinlink"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spinlink"));
+    for e in container["env"].as_array().into_iter().flatten() {
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("status.podIP") => "10.1.2.3",
+            Some("metadata.name") => "spin-clouddriver-7d9c5-x2x7q",
+            _ => continue,
+        };
+        command.env(e["name"].as_str().unwrap(), value);
+    }
+    let out = command
         .args([subcommand, "--check-config", "--config"])
         .arg(&file)
         .args(extra.iter().map(|a| a.replace("$(POD_IP)", "10.1.2.3")))
@@ -1187,10 +1165,11 @@ fn gateway_and_sidecar_configs_from_the_chart_load() {
             values.display()
         );
         let local = relocate(&sidecar, container(&patch, "spinlink-sidecar"), tmp.path());
-        let args = sidecar_args(container(&patch, "spinlink-sidecar"));
-        load_component_config_with("sidecar", &local, tmp.path(), &args).unwrap_or_else(|e| {
-            panic!("{}: sidecar config refused: {e}\n{local}", values.display())
-        });
+        let pod = container(&patch, "spinlink-sidecar");
+        let args = sidecar_args(pod);
+        load_component_config_in_pod("sidecar", &local, tmp.path(), &args, pod).unwrap_or_else(
+            |e| panic!("{}: sidecar config refused: {e}\n{local}", values.display()),
+        );
     }
 }
 
@@ -1273,6 +1252,17 @@ fn check_scale_out(
         .find(|e| e["name"] == "POD_IP")
         .expect("POD_IP in the sidecar's env");
     assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    // Named after its pod: replicas sharing the store tell leases apart by it.
+    let instance = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "SPINLINK_INSTANCE_ID")
+        .expect("SPINLINK_INSTANCE_ID in the sidecar's env");
+    assert_eq!(
+        instance["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
     let args = sidecar_args(sidecar);
     assert_eq!(
         args,
@@ -1909,8 +1899,8 @@ fn kustomize_clouddriver_patch_adds_the_sidecar() {
         container(deployment, "spinlink-sidecar"),
         tmp.path(),
     );
-    let args = sidecar_args(container(deployment, "spinlink-sidecar"));
-    load_component_config_with("sidecar", &local, tmp.path(), &args).unwrap();
+    let pod = container(deployment, "spinlink-sidecar");
+    load_component_config_in_pod("sidecar", &local, tmp.path(), &sidecar_args(pod), pod).unwrap();
     // It serves the identity of the gateway's internal certificate.
     let certificates = documents(
         &std::fs::read_to_string(kustomize_dir().join("spinnaker-service/base/certificates.yaml"))

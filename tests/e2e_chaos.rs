@@ -31,7 +31,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -40,37 +39,14 @@ use spinlink_tls::dev::DevPki;
 use support::balancer::Balancer;
 use support::scale::{self, Policy, Sidecar};
 use support::store::SharedStore;
-use support::{Kubectl, Proc, try_http, write_kubeconfig};
+use support::workload::{self, Objects};
+use support::{Kubectl, Proc, Rng, try_http, write_kubeconfig};
 
 /// Faults in the short form.
 const DEFAULT_FAULTS: usize = 8;
 /// How long the caches may take to match kube-sim after the last fault.
 const CONVERGE: Duration = Duration::from_secs(120);
-/// The kinds compared (everything the demo workload and the churn touch,
-/// namespaced and cluster-scoped).
-const KINDS: &str = "pods,configmaps,secrets,services,deployments.apps,replicasets.apps,namespaces";
 const AGENTS: usize = 3;
-
-/// splitmix64: the same choices for the same seed, on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo + 1))
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -194,35 +170,6 @@ impl Chain {
             }
         }
     }
-}
-
-/// (kind, namespace, name) → (uid, resourceVersion).
-type Objects = BTreeMap<(String, String, String), (String, String)>;
-
-fn objects(json: &str) -> Option<Objects> {
-    let v: serde_json::Value = serde_json::from_str(json).ok()?;
-    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    Some(
-        v["items"]
-            .as_array()?
-            .iter()
-            .map(|o| {
-                let m = &o["metadata"];
-                (
-                    (s(&o["kind"]), s(&m["namespace"]), s(&m["name"])),
-                    (s(&m["uid"]), s(&m["resourceVersion"])),
-                )
-            })
-            .collect(),
-    )
-}
-
-fn list(kubectl: &Kubectl) -> Option<Objects> {
-    let out = kubectl.run_with_input(&["get", KINDS, "-A", "-o", "json", "--chunk-size=0"], None);
-    out.status
-        .success()
-        .then(|| objects(&String::from_utf8_lossy(&out.stdout)))
-        .flatten()
 }
 
 /// What differs between the cluster and a cache, one line per object.
@@ -411,7 +358,7 @@ fn seeded_chaos_converges_to_the_cluster() {
         let ready = accounts
             .iter()
             .all(|a| chain.sidecars.iter().any(|s| scale::ready_at(s.facade, a)));
-        let want = list(&direct).expect("listing kube-sim directly");
+        let want = workload::objects(&direct).expect("listing kube-sim directly");
         let before = counted(&chain.sidecars, &accounts);
         report.clear();
         let mut equal = ready;
@@ -423,7 +370,7 @@ fn seeded_chaos_converges_to_the_cluster() {
                 break;
             }
             let via = &chain.sidecars[*i].id;
-            match list(kubectl) {
+            match workload::objects(kubectl) {
                 None => {
                     equal = false;
                     report.push_str(&format!("{a} via {via}: the list failed\n"));
@@ -445,7 +392,7 @@ fn seeded_chaos_converges_to_the_cluster() {
         // The lists compared were the caches', not relayed to kube-sim: each
         // kubectl above made one LIST per kind, through every facade.
         let after = counted(&chain.sidecars, &accounts);
-        let per_account = (KINDS.split(',').count() * chain.sidecars.len()) as u64;
+        let per_account = (workload::KINDS.split(',').count() * chain.sidecars.len()) as u64;
         let from_caches = before
             .iter()
             .zip(&after)

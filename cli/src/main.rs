@@ -76,6 +76,11 @@ enum Command {
         /// `https://$(POD_IP):7011`, the downward API's `status.podIP`).
         #[arg(long, env = "SPINLINK_PEER_ADVERTISE_URL")]
         peer_advertise_url: Option<String>,
+        /// Names this sidecar, replacing `instanceId`: unique among the
+        /// sidecars sharing a store, so per pod (the chart sets
+        /// `SPINLINK_INSTANCE_ID` from the downward API's `metadata.name`).
+        #[arg(long, env = "SPINLINK_INSTANCE_ID")]
+        instance_id: Option<String>,
         /// Load and validate the configuration, then exit.
         #[arg(long)]
         check_config: bool,
@@ -211,11 +216,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Sidecar {
             config,
             peer_advertise_url,
+            instance_id,
             check_config,
         } => {
             let cfg = spinlink_sidecar::Config::from_file_with(
                 &config,
-                &spinlink_sidecar::config::Overrides { peer_advertise_url },
+                &spinlink_sidecar::config::Overrides {
+                    peer_advertise_url,
+                    instance_id,
+                },
             )?;
             cfg.validate()?;
             if check_config {

@@ -490,6 +490,10 @@ pub struct Overrides {
     /// Replaces `peer.advertiseUrl` (`--peer-advertise-url`,
     /// `SPINLINK_PEER_ADVERTISE_URL`).
     pub peer_advertise_url: Option<String>,
+    /// Replaces `instanceId` (`--instance-id`, `SPINLINK_INSTANCE_ID`): per
+    /// pod, so not in the configuration the pods share (the chart sets the
+    /// pod's name).
+    pub instance_id: Option<String>,
 }
 
 /// What is wrong with a list of certificate identities matched exactly
@@ -548,6 +552,9 @@ impl Config {
         if let Some(url) = &overrides.peer_advertise_url {
             config.peer.advertise_url = Some(url.clone());
         }
+        if let Some(id) = &overrides.instance_id {
+            config.instance_id = id.clone();
+        }
         config.validate()?;
         Ok(config)
     }
@@ -561,6 +568,16 @@ impl Config {
         };
         if self.instance_id.trim().is_empty() {
             return Err(invalid("instanceId", "must not be empty"));
+        }
+        // Leases and forwarding tell the sidecars of a shared store apart by
+        // it: replicas left at the default would each take themselves for
+        // the owner of every account.
+        if self.store.networked() && self.instance_id == DEFAULT_INSTANCE_ID {
+            return Err(invalid(
+                "instanceId",
+                "must name this sidecar, uniquely among those sharing the PostgreSQL store \
+                 (the chart sets SPINLINK_INSTANCE_ID to the pod's name, metadata.name)",
+            ));
         }
         match (&self.tunnel.tls, self.tunnel.insecure) {
             (None, false) => {
@@ -932,7 +949,30 @@ mod tests {
     }
 
     const PEER_TLS: &str = "tls: { certFile: p.crt, keyFile: p.key, caFile: ca.crt, peerIdentities: ['spiffe://t/sidecar'] }";
-    const PG: &str = "store: { url: 'postgres://spinlink@db/spinlink' }\n";
+    const PG: &str = "instanceId: s1\nstore: { url: 'postgres://spinlink@db/spinlink' }\n";
+
+    #[test]
+    fn sidecars_sharing_postgresql_are_named_each() {
+        let shared = format!(
+            "store: {{ url: 'postgres://spinlink@db/spinlink' }}\npeer: {{ {PEER_TLS}, advertiseUrl: 'https://10.1.2.3:7011' }}\n"
+        );
+        let e = refused(&shared, "instanceId");
+        assert!(e.contains("SPINLINK_INSTANCE_ID"), "{e}");
+        // The pod's name, from the downward API.
+        let pod = Overrides {
+            instance_id: Some("spin-clouddriver-5d8f-x2x7q".into()),
+            ..Overrides::default()
+        };
+        let c = Config::from_yaml_str_with(
+            &format!("tunnel: {{ insecure: true }}\n{shared}"),
+            "p.yaml",
+            &pod,
+        )
+        .unwrap();
+        assert_eq!(c.instance_id, "spin-clouddriver-5d8f-x2x7q");
+        // One SQLite file is one sidecar's: the default name is fine.
+        with("store: { url: 'sqlite:///tmp/x.db' }\n").unwrap();
+    }
 
     fn with(yaml: &str) -> Result<Config> {
         Config::from_yaml_str(&format!("tunnel: {{ insecure: true }}\n{yaml}"), "p.yaml")
@@ -1011,6 +1051,7 @@ mod tests {
         assert!(e.contains("--peer-advertise-url"), "{e}");
         let pod = Overrides {
             peer_advertise_url: Some("https://10.1.2.3:7011".into()),
+            instance_id: Some("spin-clouddriver-5d8f-x2x7q".into()),
         };
         let c = Config::from_yaml_str_with(
             &format!("tunnel: {{ insecure: true }}\n{listen_all}"),

@@ -5,8 +5,10 @@
 //! idle cut, when set, closes connections with no traffic for that long, as
 //! an NLB's idle timeout does. Faults for the chaos test: [`Balancer::cut`]
 //! resets open connections, [`Balancer::stall`] holds their bytes back for a
-//! while (a path that stops forwarding without closing). Threads and blocking
-//! sockets: the tests are synchronous.
+//! while (a path that stops forwarding without closing). With PROXY protocol
+//! on, each connection to a backend starts with a PROXY v2 header naming the
+//! client, as an NLB with proxy protocol v2 enabled sends it. Threads and
+//! blocking sockets: the tests are synchronous.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -25,6 +27,7 @@ struct Shared {
     backends: Mutex<Vec<SocketAddr>>,
     next: AtomicUsize,
     idle: Option<Duration>,
+    proxy_v2: bool,
     stop: AtomicBool,
     /// Open connections per backend address.
     open: Mutex<Vec<(SocketAddr, usize)>>,
@@ -45,11 +48,25 @@ impl Balancer {
     /// Balances over `backends`; `idle` cuts silent connections.
     pub fn start(backends: &[SocketAddr], idle: Option<Duration>) -> Balancer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Balancer::on(listener, backends, idle, false)
+    }
+
+    /// Balances what `listener` accepts over `backends`; `proxy_v2` sends
+    /// each backend a PROXY v2 header first. Connections to backends are
+    /// opened from the calling thread's network namespace (see
+    /// `netns::Pod::run`).
+    pub fn on(
+        listener: TcpListener,
+        backends: &[SocketAddr],
+        idle: Option<Duration>,
+        proxy_v2: bool,
+    ) -> Balancer {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             backends: Mutex::new(backends.to_vec()),
             next: AtomicUsize::new(0),
             idle,
+            proxy_v2,
             stop: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
             live: Mutex::new(Vec::new()),
@@ -150,9 +167,15 @@ impl Shared {
                 .ok()
                 .map(|s| (b, s))
         });
-        let Some((backend, server)) = upstream else {
+        let Some((backend, mut server)) = upstream else {
             return; // Nothing accepts: the client sees its connection closed.
         };
+        if self.proxy_v2
+            && let (Ok(from), Ok(to)) = (client.peer_addr(), client.local_addr())
+            && server.write_all(&proxy_v2_header(from, to)).is_err()
+        {
+            return;
+        }
         self.count(backend, 1);
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let stalled = Arc::new(Mutex::new(None::<Instant>));
@@ -221,4 +244,33 @@ impl Shared {
         self.live.lock().unwrap().retain(|l| l.id != id);
         self.count(backend, -1);
     }
+}
+
+/// A PROXY protocol v2 header for a TCP connection from `from` to `to`
+/// (both IPv4 or both IPv6), as an NLB sends it.
+fn proxy_v2_header(from: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(0x21); // version 2, PROXY
+    let mut addrs = Vec::new();
+    match (from, to) {
+        (SocketAddr::V4(f), SocketAddr::V4(t)) => {
+            h.push(0x11); // TCP over IPv4
+            addrs.extend_from_slice(&f.ip().octets());
+            addrs.extend_from_slice(&t.ip().octets());
+        }
+        (f, t) => {
+            h.push(0x21); // TCP over IPv6
+            let v6 = |a: SocketAddr| match a {
+                SocketAddr::V4(a) => a.ip().to_ipv6_mapped(),
+                SocketAddr::V6(a) => *a.ip(),
+            };
+            addrs.extend_from_slice(&v6(f).octets());
+            addrs.extend_from_slice(&v6(t).octets());
+        }
+    }
+    addrs.extend_from_slice(&from.port().to_be_bytes());
+    addrs.extend_from_slice(&to.port().to_be_bytes());
+    h.extend_from_slice(&(addrs.len() as u16).to_be_bytes());
+    h.extend_from_slice(&addrs);
+    h
 }

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod chart;
+pub mod netns;
 pub mod scale;
 pub mod store;
 pub mod workload;
@@ -34,16 +36,24 @@ pub struct Proc {
 impl Proc {
     /// Starts `spinlink <args>`, logging to `<dir>/<name>.log`.
     pub fn start(name: &str, dir: &Path, args: &[&str]) -> Proc {
+        let mut command = Command::new(SPINLINK);
+        command.args(args);
+        Proc::spawn(name, dir, command)
+    }
+
+    /// Starts `command` (the binary under test, perhaps wrapped, as by
+    /// `ip netns exec`), logging to `<dir>/<name>.log`.
+    pub fn spawn(name: &str, dir: &Path, mut command: Command) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("creating log file");
-        let mut child = Command::new(SPINLINK)
-            .args(args)
+        let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+        let mut child = command
             .env("SPINLINK_LOG", "info,spinlink=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {SPINLINK} {args:?}: {e}"));
+            .unwrap_or_else(|e| panic!("starting {args:?}: {e}"));
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -252,6 +262,8 @@ pub struct Kubectl {
     home: PathBuf,
     kubeconfig: PathBuf,
     bin: Option<PathBuf>,
+    /// The network namespace it runs in (`ip netns exec`), if not the test's.
+    netns: Option<String>,
 }
 
 impl Kubectl {
@@ -263,7 +275,14 @@ impl Kubectl {
             home,
             kubeconfig: kubeconfig.to_owned(),
             bin: None,
+            netns: None,
         }
+    }
+
+    /// The same, run inside `pod`'s network.
+    pub fn in_pod(mut self, pod: &netns::Pod) -> Kubectl {
+        self.netns = Some(pod.ns.clone());
+        self
     }
 
     /// The same, running the kubectl binary at `bin`.
@@ -277,7 +296,14 @@ impl Kubectl {
         let bin = self.bin.clone().unwrap_or_else(|| {
             std::env::var_os("SPINLINK_KUBECTL").map_or_else(|| "kubectl".into(), PathBuf::from)
         });
-        let mut command = Command::new(&bin);
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
         command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -536,4 +562,29 @@ pub fn deployment(namespace: &str, name: &str) -> String {
          template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      \
          - name: web\n        image: nginx:1.27\n        ports:\n        - containerPort: 80\n"
     )
+}
+
+/// splitmix64: the same choices for the same seed, on every platform (the
+/// seeded chaos tests).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// One of `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Between `lo` and `hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo + 1))
+    }
 }

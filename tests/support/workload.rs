@@ -79,3 +79,36 @@ pub fn run(kubectl: &Kubectl, stop: &AtomicBool, rounds: &AtomicUsize) -> Worklo
     }
     w
 }
+
+/// The kinds the chaos tests compare between a cluster and a cache
+/// (everything the demo workload and the churn touch, namespaced and
+/// cluster-scoped).
+pub const KINDS: &str =
+    "pods,configmaps,secrets,services,deployments.apps,replicasets.apps,namespaces";
+
+/// (kind, namespace, name) → (uid, resourceVersion).
+pub type Objects = std::collections::BTreeMap<(String, String, String), (String, String)>;
+
+/// Every object of [`KINDS`] `kubectl` lists, in one unpaginated list;
+/// `None` when the list fails.
+pub fn objects(kubectl: &Kubectl) -> Option<Objects> {
+    let out = kubectl.run_with_input(&["get", KINDS, "-A", "-o", "json", "--chunk-size=0"], None);
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    Some(
+        v["items"]
+            .as_array()?
+            .iter()
+            .map(|o| {
+                let m = &o["metadata"];
+                (
+                    (s(&o["kind"]), s(&m["namespace"]), s(&m["name"])),
+                    (s(&m["uid"]), s(&m["resourceVersion"])),
+                )
+            })
+            .collect(),
+    )
+}

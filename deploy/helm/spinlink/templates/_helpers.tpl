@@ -135,6 +135,12 @@ sidecar container gets PGPASSWORD from passwordSecret.
 {{- $pg := .Values.sidecar.store.postgresql -}}
 {{- if $pg.enabled -}}
 {{- printf "postgres://%s@%s:%d/%s?sslmode=%s" $pg.user (required "sidecar.store.postgresql.host is required with postgresql.enabled" $pg.host) (int $pg.port) $pg.database $pg.sslMode -}}
+{{- with $pg.schema -}}
+{{- if not (regexMatch "^[a-z_][a-z0-9_]*$" .) -}}
+{{- fail (printf "sidecar.store.postgresql.schema %q: lower-case letters, digits and _ only" .) -}}
+{{- end -}}
+{{- printf "&options=-c%%20search_path%%3D%s" . -}}
+{{- end -}}
 {{- else -}}
 {{- .Values.sidecar.store.url -}}
 {{- end -}}
@@ -220,14 +226,19 @@ spec:
         - name: spinlink-sidecar
           image: {{ include "spinlink.image" $ }}
           imagePullPolicy: {{ $.Values.image.pullPolicy }}
-          # Each pod advertises its own address to the other sidecars;
-          # Kubernetes expands $(POD_IP) from the env below.
+          # Each pod advertises its own address to the other sidecars, and
+          # names itself after the pod (SPINLINK_INSTANCE_ID); Kubernetes
+          # expands $(POD_IP) from the env below.
           args: [sidecar, --config, /etc/spinlink/sidecar/sidecar.yaml, --peer-advertise-url, "https://$(POD_IP):{{ $s.peerPort }}"]
           env:
             - name: POD_IP
               valueFrom:
                 fieldRef:
                   fieldPath: status.podIP
+            - name: SPINLINK_INSTANCE_ID
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
             - name: SPINLINK_LOG
               value: {{ $.Values.logLevel | quote }}
             {{- with $s.store.postgresql }}
