@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod protobuf;
 pub mod selector;
 pub mod status;
 pub mod table;
