@@ -9,7 +9,9 @@ the recorded API server (v0.36.2 for kube-apiserver 1.36.2). It copies, for
 every group/version kube-sim serves, the upstream `generated.proto` (the
 schema go-to-protobuf wrote, which the API server itself encodes with), and
 writes `fields.tsv`: for each Go struct field that has a protobuf tag, its
-JSON name and whether it is a pointer, `omitempty`, `omitzero` or inlined. The proto files
+JSON name and whether it is a pointer, `omitempty`, `omitzero` or inlined,
+and how server-side apply's field sets treat it (`+listType`, `+listMapKey`,
+`+mapType`, `+structType`, or a patch merge key). The proto files
 cannot say those; the Go types can, and protobuf <-> JSON needs them to write
 what the API server's Go code writes (a non-pointer field is always on the
 wire, a pointer only when set; `json:",inline"` fields merge into their
@@ -47,16 +49,27 @@ def go_fields(directory, go_package):
             continue
         struct = None
         depth = 0
+        markers = []
         for line in open(os.path.join(directory, name), encoding="utf-8"):
             stripped = line.strip()
-            m = re.match(r'^type (\w+) struct \{$', stripped)
-            if m and depth == 0:
-                struct, depth = m.group(1), 1
-                continue
-            if struct is None:
+            if stripped.startswith("// +"):
+                markers.append(stripped[3:].strip())
                 continue
             if stripped.startswith("//"):
                 continue
+            m = re.match(r'^type (\w+) struct \{$', stripped)
+            if m and depth == 0:
+                struct, depth = m.group(1), 1
+                if "+structType=atomic" in markers:
+                    # A row without a field: the whole struct is atomic.
+                    message = go_package.replace("/", ".") + "." + struct
+                    rows.append((message, "", "", "atomic"))
+                markers = []
+                continue
+            if struct is None:
+                markers = []
+                continue
+            field_markers, markers = markers, []
             depth += stripped.count("{") - stripped.count("}")
             if depth <= 0:
                 struct, depth = None, 0
@@ -84,6 +97,20 @@ def go_fields(directory, go_package):
                 flags.append("omitzero")
             if "inline" in json_opts[1:]:
                 flags.append("inline")
+            # How server-side apply's field sets see the field.
+            for marker in field_markers:
+                key, _, value = marker[1:].partition("=")
+                if key == "listType" and value in ("map", "set", "atomic"):
+                    flags.append("list=" + value)
+                elif key == "listMapKey":
+                    flags.append("key=" + value)
+                elif key == "mapType" and value == "atomic":
+                    flags.append("map=atomic")
+            merge_key = re.search(r'patchMergeKey:"([^"]*)"', tag.group(1))
+            if merge_key and not any(f.startswith("list=") for f in flags):
+                flags += ["list=map", "key=" + merge_key.group(1)]
+            elif 'patchStrategy:"merge' in tag.group(1) and not any(f.startswith("list=") for f in flags):
+                flags.append("list=set")
             if js is None:
                 # No json tag: Go's encoder uses the field name itself.
                 json_name = before[0]

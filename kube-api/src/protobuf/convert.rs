@@ -34,7 +34,8 @@ fn is_named_list(desc: &MessageDescriptor) -> bool {
     matches!((fields.next(), fields.next()), (Some(f), None) if f.name() == "items" && f.is_list())
 }
 
-fn special(desc: &MessageDescriptor) -> bool {
+/// A type with a JSON form of its own (one value, not a struct of fields).
+pub fn is_special(desc: &MessageDescriptor) -> bool {
     matches!(
         desc.full_name(),
         TIME | MICRO_TIME | DURATION | FIELDS_V1 | INT_OR_STRING | QUANTITY | RAW_EXTENSION
@@ -54,7 +55,7 @@ fn invalid(path: &str, reason: impl Into<String>) -> Error {
 /// protobuf decodes `msg` into.
 pub fn to_json(msg: &DynamicMessage, path: &str) -> Result<Value> {
     let desc = msg.descriptor();
-    if special(&desc) {
+    if is_special(&desc) {
         return special_to_json(msg, path);
     }
     let mut out = Map::new();
@@ -75,7 +76,7 @@ fn fields_to_json(msg: &DynamicMessage, path: &str, out: &mut Map<String, Value>
         let value = msg.get_field(&field);
         if go.inline {
             if let Some(child) = value.as_message() {
-                if special(&child.descriptor()) {
+                if is_special(&child.descriptor()) {
                     return Err(invalid(&here, "an inlined field of a special type"));
                 }
                 fields_to_json(child, &here, out)?;
@@ -135,7 +136,8 @@ fn go_json_name(go: &GoField, field: &FieldDescriptor) -> String {
     }
 }
 
-fn is_zero_json(v: &Value) -> bool {
+/// Go's zero value (or JSON's `null`) for a scalar or list.
+pub(crate) fn is_zero_json(v: &Value) -> bool {
     match v {
         Value::Null => true,
         Value::Bool(b) => !b,
@@ -369,7 +371,7 @@ pub fn encode_json(
     path: &str,
     out: &mut Vec<u8>,
 ) -> Result<()> {
-    if special(desc) {
+    if is_special(desc) {
         return encode_special(desc, obj, path, out);
     }
     let empty = Map::new();

@@ -22,6 +22,7 @@
 //! Start at [`decode`] and [`encode`]; [`convert`] holds the field rules.
 
 pub mod convert;
+pub mod fieldset;
 mod schema;
 #[cfg(test)]
 mod tests;

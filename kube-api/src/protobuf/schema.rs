@@ -30,6 +30,24 @@ pub struct GoField {
     pub omitzero: bool,
     /// `json:",inline"`: the message's JSON fields are its parent's.
     pub inline: bool,
+    /// `+listType` (or a patch merge key, `map`; a merge strategy alone, `set`).
+    pub list: ListType,
+    /// `+listMapKey`s (or the patch merge key), in order.
+    pub keys: Vec<String>,
+    /// `+mapType=atomic`.
+    pub map_atomic: bool,
+}
+
+/// How server-side apply treats a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListType {
+    /// Replaced whole.
+    #[default]
+    Atomic,
+    /// Items identified by the values of `keys`.
+    Map,
+    /// Items identified by their value.
+    Set,
 }
 
 impl GoField {
@@ -42,6 +60,9 @@ impl GoField {
             omitempty: true,
             omitzero: false,
             inline: false,
+            list: ListType::Atomic,
+            keys: Vec::new(),
+            map_atomic: false,
         }
     }
 }
@@ -50,6 +71,7 @@ impl GoField {
 pub struct Schema {
     pool: DescriptorPool,
     fields: HashMap<(String, String), GoField>,
+    atomic_structs: std::collections::HashSet<String>,
 }
 
 impl Schema {
@@ -60,6 +82,7 @@ impl Schema {
             let pool = DescriptorPool::decode(DESCRIPTORS)
                 .expect("the descriptor set built by build.rs decodes");
             let mut fields = HashMap::new();
+            let mut atomic_structs = std::collections::HashSet::new();
             for line in FIELDS.lines().filter(|l| !l.starts_with('#')) {
                 let mut cols = line.split('\t');
                 let (Some(message), Some(field), Some(json), flags) = (
@@ -71,6 +94,24 @@ impl Schema {
                     continue;
                 };
                 let has = |f: &str| flags.split(',').any(|x| x == f);
+                if field.is_empty() {
+                    if has("atomic") {
+                        atomic_structs.insert(message.to_owned());
+                    }
+                    continue;
+                }
+                let list = if has("list=map") {
+                    ListType::Map
+                } else if has("list=set") {
+                    ListType::Set
+                } else {
+                    ListType::Atomic
+                };
+                let keys = flags
+                    .split(',')
+                    .filter_map(|f| f.strip_prefix("key="))
+                    .map(str::to_owned)
+                    .collect();
                 fields.insert(
                     (message.to_owned(), field.to_owned()),
                     GoField {
@@ -79,11 +120,24 @@ impl Schema {
                         omitempty: has("omitempty"),
                         omitzero: has("omitzero"),
                         inline: has("inline"),
+                        list,
+                        keys,
+                        map_atomic: has("map=atomic"),
                     },
                 );
             }
-            Schema { pool, fields }
+            Schema {
+                pool,
+                fields,
+                atomic_structs,
+            }
         })
+    }
+
+    /// Whether server-side apply treats the message as one value
+    /// (`+structType=atomic`, such as a label selector).
+    pub fn is_atomic(&self, message: &MessageDescriptor) -> bool {
+        self.atomic_structs.contains(message.full_name())
     }
 
     /// A message by its full name.
