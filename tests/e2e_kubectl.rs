@@ -219,6 +219,9 @@ struct Step {
     read: bool,
     /// Compare only the exit code and what `check` says of stdout.
     loose: Option<fn(&str) -> bool>,
+    /// Must succeed on both sides: agreeing is not enough when both could
+    /// fail alike (kube-sim serves both).
+    succeeds: bool,
 }
 
 fn step(args: &'static [&'static str]) -> Step {
@@ -228,6 +231,25 @@ fn step(args: &'static [&'static str]) -> Step {
         json: false,
         read: false,
         loose: None,
+        succeeds: false,
+    }
+}
+
+/// A write that must succeed on both sides.
+fn creates(args: &'static [&'static str]) -> Step {
+    Step {
+        succeeds: true,
+        ..step(args)
+    }
+}
+
+/// A read right after a write through the facade: asked once, not retried,
+/// so it passes only if the facade folded its write's answer into the cache
+/// (read-your-writes).
+fn visible(args: &'static [&'static str]) -> Step {
+    Step {
+        succeeds: true,
+        ..step(args)
     }
 }
 
@@ -398,6 +420,24 @@ fn script() -> Vec<Step> {
         // The default: kubectl waits, watching, until the kubelet removes it.
         step(&["delete", "pod", "worker", "-n", "{ns}"]),
         read_json(&["get", "deployment,pod,configmap", "-n", "{ns}", "-o", "json"]),
+        // The `create` generators, which kubectl 1.32+ sends in protobuf
+        // (and whose answers come back in protobuf), each read back at once.
+        creates(&["create", "namespace", "{ns}-gen"]),
+        visible(&["get", "namespace", "{ns}-gen", "-o", "name"]),
+        creates(&["create", "configmap", "gen-cm", "-n", "{ns}", "--from-literal=color=blue"]),
+        visible(&["get", "configmap", "gen-cm", "-n", "{ns}", "-o", "name"]),
+        read_json(&["get", "configmap", "gen-cm", "-n", "{ns}", "-o", "json"]),
+        creates(&["create", "secret", "generic", "gen-secret", "-n", "{ns}", "--from-literal=token=t0ken"]),
+        visible(&["get", "secret", "gen-secret", "-n", "{ns}", "-o", "name"]),
+        creates(&["create", "serviceaccount", "gen-sa", "-n", "{ns}"]),
+        visible(&["get", "serviceaccount", "gen-sa", "-n", "{ns}", "-o", "name"]),
+        creates(&["create", "deployment", "gen-deploy", "-n", "{ns}", "--image=nginx"]),
+        visible(&["get", "deployment", "gen-deploy", "-n", "{ns}", "-o", "name"]),
+        read_json(&["get", "deployment", "gen-deploy", "-n", "{ns}", "-o", "json"]),
+        creates(&["create", "job", "gen-job", "-n", "{ns}", "--image=busybox"]),
+        visible(&["get", "job", "gen-job", "-n", "{ns}", "-o", "name"]),
+        creates(&["create", "service", "clusterip", "gen-svc", "-n", "{ns}", "--tcp=80:8080"]),
+        visible(&["get", "service", "gen-svc", "-n", "{ns}", "-o", "name"]),
     ]
 }
 
@@ -426,16 +466,10 @@ fn run_matrix(version: &str) {
     };
     // Both namespaces exist in the cluster before the script starts, and the
     // facade has seen its own.
-    // (`kubectl create namespace` would send protobuf, which kube-sim does
-    // not decode; apply sends JSON.)
     for side in [&facade, &direct] {
-        direct.kubectl.ok_with_input(
-            &["apply", "-f", "-"],
-            Some(&format!(
-                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n",
-                side.ns
-            )),
-        );
+        direct
+            .kubectl
+            .ok_with_input(&["create", "namespace", &side.ns], None);
     }
     support::wait_for("the facade to see its namespace", || {
         facade
@@ -450,6 +484,13 @@ fn run_matrix(version: &str) {
         let d = direct.run(s.args, s.stdin.as_deref());
         let twins = [facade.ns.as_str(), direct.ns.as_str()];
         let want = answer(&d, &twins, s.json);
+        if s.succeeds {
+            assert!(
+                d.status.success(),
+                "{what}: failed straight at the cluster\n{}",
+                String::from_utf8_lossy(&d.stderr)
+            );
+        }
         let deadline = Instant::now() + if s.read { CONVERGE } else { Duration::ZERO };
         loop {
             let f = facade.run(s.args, s.stdin.as_deref());

@@ -1,14 +1,18 @@
 //! The Kubernetes API server's semantics over `serde_json::Value` objects, shared by
 //! kube-sim and the sidecar's facade: label and field selectors ([`selector`]), `Table`
-//! rendering for `kubectl get` ([`table`]) and `metav1.Status` errors ([`status`]).
+//! rendering for `kubectl get` ([`table`]), `metav1.Status` errors ([`status`]) and the
+//! protobuf encoding of built-in kinds ([`protobuf`]).
 //!
 //! Everything here answers as a real kube-apiserver 1.36 does; the recorded responses
-//! it is checked against are in `kube-sim/fixtures/` (`errors/`, `objects/`). Start at
+//! it is checked against are in `kube-sim/fixtures/` (`errors/`, `objects/`,
+//! `protobuf/`), compared with [`compare::differences`]. Start at
 //! [`Resource`], the one description of a resource type every module takes, then
 //! [`selector::Selectors::parse`], [`table::table`] and [`Status`].
 
 #![forbid(unsafe_code)]
 
+pub mod compare;
+pub mod protobuf;
 pub mod selector;
 pub mod status;
 pub mod table;

@@ -208,6 +208,28 @@ impl Status {
         )
     }
 
+    /// 415 for an object body in a media type the resource does not
+    /// decode, worded as the API server words it for a create.
+    pub fn unknown_body_format() -> Self {
+        Self::failure(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf".into(),
+            None,
+        )
+    }
+
+    /// 406 for an Accept header naming nothing the resource can be written
+    /// as (protobuf alone, for a custom resource).
+    pub fn not_acceptable() -> Self {
+        Self::failure(
+            406,
+            "NotAcceptable",
+            "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf".into(),
+            None,
+        )
+    }
+
     /// 413 RequestEntityTooLarge.
     pub fn too_large() -> Self {
         Self::failure(

@@ -337,6 +337,83 @@ async fn answer_timed(
     Ok(timing)
 }
 
+/// kubectl 1.32+ creates in protobuf and the API server answers in
+/// protobuf: the client gets the server's bytes as they are, and the object
+/// is in the cache before the answer (here the real server's answer to
+/// `kubectl create configmap`, recorded).
+#[tokio::test]
+async fn a_protobuf_answer_to_a_write_is_read_back_at_once() -> anyhow::Result<()> {
+    let (sidecar, mut relay, mut cache) = setup().await?;
+    let configmaps = kind("", "v1", "configmaps", "ConfigMap", true);
+    sync(&mut cache, &configmaps, &[]).await?;
+    cache.wait_acked().await?;
+    let dir = format!(
+        "{}/../kube-sim/fixtures/protobuf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let request_body = std::fs::read(format!("{dir}/02-create-configmaps.request.bin"))?;
+    let recorded = std::fs::read(format!("{dir}/02-create-configmaps.response.bin"))?;
+    let http = http();
+    let pb = "application/vnd.kubernetes.protobuf";
+    let create = {
+        let http = http.clone();
+        let url = sidecar.url("/accounts/prod/api/v1/namespaces/fx-proto/configmaps");
+        let body = request_body.clone();
+        tokio::spawn(async move {
+            let req = http::Request::builder()
+                .method("POST")
+                .uri(url)
+                .header("content-type", pb)
+                .header(
+                    "accept",
+                    "application/vnd.kubernetes.protobuf,application/json",
+                )
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
+            let resp = http.request(req).await?;
+            let status = resp.status();
+            let content_type = resp.headers()["content-type"].to_str()?.to_owned();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await?
+                .to_bytes();
+            anyhow::Ok((status, content_type, body))
+        })
+    };
+    let id = next_request(&mut relay, "POST").await?;
+    relay
+        .send(relay_up::Msg::Head(v1::ResponseHead {
+            id,
+            status: 201,
+            headers: vec![v1::Header {
+                name: "Content-Type".into(),
+                value: pb.as_bytes().to_vec(),
+            }],
+            timing: None,
+        }))
+        .await?;
+    relay
+        .send(relay_up::Msg::Body(v1::BodyChunk {
+            id,
+            data: recorded.clone(),
+            end_stream: true,
+        }))
+        .await?;
+    let (status, content_type, body) = create.await??;
+    assert_eq!(status, 201);
+    assert_eq!(content_type, pb);
+    assert_eq!(body.as_ref(), recorded.as_slice());
+    // No watch event has come: the read is the folded answer.
+    let read = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/fx-proto/configmaps/fx-settings"),
+    )
+    .await?;
+    assert_eq!(read.status, 200);
+    let want = spinlink_kube_api::protobuf::decode(&recorded)?;
+    assert_eq!(read.json()["data"], want["data"]);
+    assert_eq!(read.json()["metadata"], want["metadata"]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn writes_are_read_back_at_once_and_operations_are_recorded() -> anyhow::Result<()> {
     let (sidecar, mut relay, mut cache) = setup().await?;

@@ -22,6 +22,7 @@ use super::watch::{self, WatchRequest};
 use crate::error::Status;
 use crate::fixtures;
 use crate::patch::{self, PatchType};
+use crate::protobuf;
 use crate::resources::ResourceInfo;
 use crate::selector::Selectors;
 use crate::store::meta::{scale_of, set_scale_replicas};
@@ -271,9 +272,12 @@ async fn read_body(body: Incoming) -> Result<Bytes, Status> {
     }
 }
 
-/// Decodes a JSON (or YAML) object body.
-fn decode_object(content_type: &str, body: &[u8]) -> Result<Value, Status> {
+/// Decodes an object body: JSON, YAML, or protobuf for built-in kinds.
+fn decode_object(res: &ResourceInfo, content_type: &str, body: &[u8]) -> Result<Value, Status> {
     let essence = content_type.split(';').next().unwrap_or("").trim();
+    if protobuf::is_media_type(essence) {
+        return decode_protobuf(res, body);
+    }
     let parsed: Result<Value, String> = match essence {
         "application/yaml" => serde_norway::from_slice(body).map_err(|e| e.to_string()),
         "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| e.to_string()),
@@ -287,6 +291,116 @@ fn decode_object(content_type: &str, body: &[u8]) -> Result<Value, Status> {
         Err(e) => Err(Status::bad_request(format!(
             "couldn't get version/kind; json parse error: {e}"
         ))),
+    }
+}
+
+/// A protobuf object body. Custom resources have no protobuf form: the API
+/// server 1.36 drops the connection on one (a nil pointer in its decoder);
+/// kube-sim answers the 415 it gives any other body it cannot read.
+fn decode_protobuf(res: &ResourceInfo, body: &[u8]) -> Result<Value, Status> {
+    if res.custom.is_some() {
+        return Err(Status::unknown_body_format());
+    }
+    match protobuf::decode(body) {
+        Ok(obj) => Ok(obj),
+        Err(protobuf::Error::UnknownKind { .. }) => Err(Status::unknown_body_format()),
+        Err(e) => Err(Status::bad_request(format!(
+            "the body of the request could not be decoded as protobuf: {e}"
+        ))),
+    }
+}
+
+/// How an answer is written, from the request's Accept header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Json,
+    Protobuf,
+    /// Nothing acceptable: 406.
+    None,
+}
+
+/// The first media range of `accept` (in the client's order, highest `q`
+/// first) that `res` can be written as. Protobuf is for built-in kinds only
+/// and never for Tables (the API server answers those 406); a custom
+/// resource asked for protobuf alone is refused as the API server does.
+fn negotiate(accept: &str, res: &ResourceInfo) -> Encoding {
+    if accept.trim().is_empty() || table::wants_table(accept) {
+        return Encoding::Json;
+    }
+    let mut ranges: Vec<(f32, &str)> = accept
+        .split(',')
+        .map(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let essence = parts.next().unwrap_or("");
+            let q = parts
+                .filter_map(|p| p.strip_prefix("q="))
+                .find_map(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            (q, essence)
+        })
+        .collect();
+    // Stable: equal weights keep the client's order.
+    ranges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut protobuf_refused = false;
+    for (q, essence) in ranges {
+        if q <= 0.0 {
+            continue;
+        }
+        match essence.to_ascii_lowercase().as_str() {
+            protobuf::MEDIA_TYPE if res.custom.is_none() => return Encoding::Protobuf,
+            protobuf::MEDIA_TYPE => protobuf_refused = true,
+            "application/json" | "application/*" | "*/*" | "application/yaml" => {
+                return Encoding::Json;
+            }
+            _ => {}
+        }
+    }
+    if protobuf_refused {
+        Encoding::None
+    } else {
+        // kube-sim has always answered JSON to anything else.
+        Encoding::Json
+    }
+}
+
+/// Rewrites a JSON answer (object, list or Status) as protobuf. Answers
+/// without a protobuf form (a kind whose schema is not vendored) stay JSON,
+/// which every client that asks for protobuf also accepts.
+async fn into_protobuf(resp: Response<Body>) -> Response<Body> {
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/json");
+    if !json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await;
+    let bytes = collected.to_bytes();
+    let encoded = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| protobuf::encode(&v).ok());
+    let mut resp = Response::from_parts(parts, Full::new(bytes).boxed());
+    if let Some(encoded) = encoded {
+        *resp.body_mut() = Full::new(Bytes::from(encoded)).boxed();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(protobuf::MEDIA_TYPE),
+        );
+    }
+    resp
+}
+
+/// A Status in protobuf, as the API server writes a refusal of a protobuf
+/// request.
+fn protobuf_status(s: &Status) -> Response<Body> {
+    let json = serde_json::to_value(s).unwrap_or_default();
+    match protobuf::encode(&json) {
+        Ok(bytes) => {
+            let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            full(code, protobuf::MEDIA_TYPE, bytes)
+        }
+        Err(_) => status_response(s),
     }
 }
 
@@ -328,6 +442,31 @@ async fn resource(
     let Some(res) = ctx.sim.find_resource(group, version, plural) else {
         return status_response(&Status::no_route());
     };
+    let encoding = negotiate(accept, res);
+    if encoding == Encoding::None {
+        return protobuf_status(&Status::not_acceptable());
+    }
+    // Watches and logs stream as they are (client-go watches in JSON).
+    let streams = query.flag("watch") || tail.get(1) == Some(&"log");
+    let resp = resource_verb(ctx, parts, body, query, accept, res, namespace, tail).await;
+    if encoding == Encoding::Protobuf && !streams {
+        into_protobuf(resp).await
+    } else {
+        resp
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource_verb(
+    ctx: &Ctx,
+    parts: &http::request::Parts,
+    body: Incoming,
+    query: &Query,
+    accept: &str,
+    res: &'static ResourceInfo,
+    namespace: Option<&str>,
+    tail: &[&str],
+) -> Response<Body> {
     if tail.len() > 2
         || (namespace.is_some() && !res.namespaced)
         || (namespace.is_none() && res.namespaced && !tail.is_empty())
@@ -363,7 +502,7 @@ async fn resource(
             }
         }
         (Method::POST, None, None) => {
-            let obj = match decode_object(&content_type, &bytes) {
+            let obj = match decode_object(res, &content_type, &bytes) {
                 Ok(o) => o,
                 Err(s) => return status_response(&s),
             };
@@ -389,7 +528,7 @@ async fn resource(
             if sub == Some("status") && !res.status_subresource {
                 return status_response(&Status::no_route());
             }
-            let obj = match decode_object(&content_type, &bytes) {
+            let obj = match decode_object(res, &content_type, &bytes) {
                 Ok(o) => o,
                 Err(s) => return status_response(&s),
             };
@@ -439,7 +578,7 @@ async fn resource(
             }
         }
         (Method::DELETE, Some(name), None) => {
-            let opts = match delete_options(&bytes, query) {
+            let opts = match delete_options(&content_type, &bytes, query) {
                 Ok(o) => o,
                 Err(s) => return status_response(&s),
             };
@@ -635,7 +774,7 @@ fn scale(
                     .map(|o| scale_of(res, &o)),
             );
         }
-        Method::PUT => match decode_object(content_type, bytes) {
+        Method::PUT => match decode_object(res, content_type, bytes) {
             Ok(new_scale) => Box::new(move |_: &Value| Ok(new_scale)),
             Err(s) => return status_response(&s),
         },
@@ -676,7 +815,11 @@ fn scale(
     result_response(StatusCode::OK, r.map(|o| scale_of(res, &o)))
 }
 
-fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> {
+fn delete_options(
+    content_type: &str,
+    bytes: &[u8],
+    query: &Query,
+) -> Result<DeleteOptions, Status> {
     let mut opts = DeleteOptions {
         dry_run: query.dry_run,
         orphan: query.get("propagationPolicy") == Some("Orphan")
@@ -688,8 +831,13 @@ fn delete_options(bytes: &[u8], query: &Query) -> Result<DeleteOptions, Status> 
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(opts);
     }
-    let body: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Status::bad_request(format!("couldn't decode DeleteOptions: {e}")))?;
+    let body: Value = if protobuf::is_media_type(content_type) {
+        protobuf::decode(bytes)
+            .map_err(|e| Status::bad_request(format!("couldn't decode DeleteOptions: {e}")))?
+    } else {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Status::bad_request(format!("couldn't decode DeleteOptions: {e}")))?
+    };
     if body["propagationPolicy"] == "Orphan" || body["orphanDependents"] == true {
         opts.orphan = true;
     }

@@ -112,8 +112,10 @@ pub(crate) fn validate_name(res: &ResourceInfo, name: &str) -> Result<(), Status
     Ok(())
 }
 
-/// Fills the defaults the real server's defaulting and registry strategy set on create.
-pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
+/// Fills the defaults the real server's defaulting sets on create (as it
+/// decodes the body: what the create's field manager is then recorded as
+/// having set).
+pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value) {
     let name = meta_str(obj, "name").unwrap_or_default().to_string();
     match builtin(res) {
         "namespaces" => {
@@ -122,10 +124,6 @@ pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
                 meta.insert("labels".into(), json!({}));
             }
             meta["labels"]["kubernetes.io/metadata.name"] = json!(name);
-            if obj["spec"]["finalizers"].is_null() {
-                obj["spec"] = json!({"finalizers": ["kubernetes"]});
-            }
-            obj["status"] = json!({"phase": "Active"});
         }
         "secrets" => {
             if obj["type"].is_null() {
@@ -153,10 +151,8 @@ pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
             if spec["type"].is_null() {
                 spec["type"] = json!("ClusterIP");
             }
-            if spec["clusterIP"].is_null() {
-                let ip = format!("10.96.{}.{}", (seq / 250) % 250, seq % 250 + 2);
-                spec["clusterIP"] = json!(ip);
-                spec["clusterIPs"] = json!([ip]);
+            if spec["type"] != "ExternalName" && spec["internalTrafficPolicy"].is_null() {
+                spec["internalTrafficPolicy"] = json!("Cluster");
             }
             if spec["sessionAffinity"].is_null() {
                 spec["sessionAffinity"] = json!("None");
@@ -171,9 +167,6 @@ pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
                     }
                 }
             }
-            if obj["status"].is_null() {
-                obj["status"] = json!({"loadBalancer": {}});
-            }
         }
         "deployments" | "replicasets" => {
             if !obj["spec"].is_object() {
@@ -186,15 +179,193 @@ pub(crate) fn default_on_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
             if spec["revisionHistoryLimit"].is_null() && res.plural == "deployments" {
                 spec["revisionHistoryLimit"] = json!(10);
                 spec["progressDeadlineSeconds"] = json!(600);
-                if spec["strategy"].is_null() {
+                // Protobuf writes an unset strategy as an empty one.
+                if spec["strategy"].as_object().is_none_or(|s| s.is_empty()) {
                     spec["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}});
                 }
+            }
+        }
+        "jobs" => default_job(obj),
+        _ => {}
+    }
+    // Every pod template, as SetDefaults_PodSpec and SetDefaults_Container fill it.
+    let template = match builtin(res) {
+        "deployments" | "replicasets" | "statefulsets" | "daemonsets" | "jobs" => {
+            obj.pointer_mut("/spec/template/spec")
+        }
+        "cronjobs" => obj.pointer_mut("/spec/jobTemplate/spec/template/spec"),
+        _ => None,
+    };
+    if let Some(spec) = template.filter(|s| s.is_object()) {
+        default_pod_spec(spec);
+    }
+}
+
+/// Records what a create's field manager set, as an `Update` entry of
+/// `managedFields` (a server-side apply that creates brings its own entry).
+pub(crate) fn record_create_manager(res: &ResourceInfo, obj: &mut Value, manager: &str) {
+    if obj["metadata"].get("managedFields").is_some() {
+        return;
+    }
+    let Some(fields) = spinlink_kube_api::protobuf::fieldset::create_fields_v1(obj) else {
+        return;
+    };
+    if fields.as_object().is_none_or(|f| f.is_empty()) {
+        return;
+    }
+    let entry = json!({
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": res.api_version,
+        "time": now(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    });
+    meta_mut(obj).insert("managedFields".into(), json!([entry]));
+}
+
+/// What the registry strategies and allocators set on create, after the
+/// field manager's fields are recorded (so they are nobody's).
+pub(crate) fn prepare_for_create(res: &ResourceInfo, obj: &mut Value, seq: u64) {
+    match builtin(res) {
+        "namespaces" => {
+            if obj["spec"]["finalizers"].is_null() {
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            }
+            obj["status"] = json!({"phase": "Active"});
+        }
+        "services" => {
+            let spec = &mut obj["spec"];
+            if spec["clusterIP"].is_null() {
+                let ip = format!("10.96.{}.{}", (seq / 250) % 250, seq % 250 + 2);
+                spec["clusterIP"] = json!(ip);
+                spec["clusterIPs"] = json!([ip]);
+            }
+            // The allocator's choice on a single-stack IPv4 cluster.
+            if spec["type"] != "ExternalName" {
+                if spec["ipFamilies"].is_null() {
+                    spec["ipFamilies"] = json!(["IPv4"]);
+                }
+                if spec["ipFamilyPolicy"].is_null() {
+                    spec["ipFamilyPolicy"] = json!("SingleStack");
+                }
+            }
+            if obj["status"].is_null() {
+                obj["status"] = json!({"loadBalancer": {}});
+            }
+        }
+        "jobs" => {
+            select_job_pods(obj);
+            // A new job's status is empty, and Go writes it `{}`.
+            if obj["status"].is_null() {
+                obj["status"] = json!({});
             }
         }
         "pods" if obj["status"].is_null() => {
             obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
         }
         _ => {}
+    }
+}
+
+/// What the API server's defaulting writes into a pod spec the client left
+/// it to (values of a 1.36 server, `fixtures/protobuf/`).
+fn default_pod_spec(spec: &mut Value) {
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("securityContext", json!({})),
+        ("schedulerName", json!("default-scheduler")),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        let Some(containers) = spec.get_mut(list).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for c in containers {
+            let image = c["image"].as_str().unwrap_or_default();
+            // `latest`, or no tag at all, is pulled every time.
+            let last = image.rsplit('/').next().unwrap_or(image);
+            let pull = if !image.contains('@')
+                && last.split_once(':').is_none_or(|(_, tag)| tag == "latest")
+            {
+                "Always"
+            } else {
+                "IfNotPresent"
+            };
+            for (field, value) in [
+                ("resources", json!({})),
+                ("terminationMessagePath", json!("/dev/termination-log")),
+                ("terminationMessagePolicy", json!("File")),
+                ("imagePullPolicy", json!(pull)),
+            ] {
+                if c[field].is_null() {
+                    c[field] = value;
+                }
+            }
+        }
+    }
+}
+
+/// SetDefaults_Job.
+fn default_job(obj: &mut Value) {
+    if !obj["spec"].is_object() {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    if spec["completions"].is_null() && spec["parallelism"].is_null() {
+        spec["completions"] = json!(1);
+    }
+    for (field, value) in [
+        ("parallelism", json!(1)),
+        ("backoffLimit", json!(6)),
+        ("completionMode", json!("NonIndexed")),
+        ("suspend", json!(false)),
+        ("podReplacementPolicy", json!("TerminatingOrFailed")),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = value;
+        }
+    }
+    if spec["manualSelector"].is_null() {
+        spec["manualSelector"] = json!(false);
+    }
+}
+
+/// The job strategy's generated selector: the controller-uid labels tie the
+/// job to its pods.
+fn select_job_pods(obj: &mut Value) {
+    let uid = meta_str(obj, "uid").unwrap_or_default().to_string();
+    let name = meta_str(obj, "name").unwrap_or_default().to_string();
+    let spec = &mut obj["spec"];
+    if spec["manualSelector"] == true {
+        return;
+    }
+    spec["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
+    if !spec["template"]["metadata"]["labels"].is_object() {
+        spec["template"]["metadata"]["labels"] = json!({});
+    }
+    let labels = &mut spec["template"]["metadata"]["labels"];
+    for (k, v) in [
+        ("batch.kubernetes.io/controller-uid", &uid),
+        ("batch.kubernetes.io/job-name", &name),
+        ("controller-uid", &uid),
+        ("job-name", &name),
+    ] {
+        labels[k] = json!(v);
+    }
+    let labels = labels.clone();
+    let meta = meta_mut(obj);
+    if meta
+        .get("labels")
+        .and_then(Value::as_object)
+        .is_none_or(|m| m.is_empty())
+    {
+        meta.insert("labels".into(), labels);
     }
 }
 

@@ -460,7 +460,11 @@ impl Sim {
         if st.objects.contains_key(&key) {
             return Err(Status::already_exists(res.api(), &name));
         }
-        meta::default_on_create(res, &mut body, st.rv + 1);
+        meta::default_on_create(res, &mut body);
+        if let Some(manager) = &opts.field_manager {
+            meta::record_create_manager(res, &mut body, manager);
+        }
+        meta::prepare_for_create(res, &mut body, st.rv + 1);
         if !opts.keep_status || body["status"].is_null() {
             meta::converge_status(res, &mut body);
         }
@@ -678,7 +682,8 @@ impl Sim {
         }
         if res.plural == "namespaces" {
             // The namespace label always follows the name.
-            meta::default_on_create(res, &mut body, 0);
+            meta::default_on_create(res, &mut body);
+            meta::prepare_for_create(res, &mut body, 0);
             body["status"] = old["status"].clone();
         }
         Ok(body)

@@ -71,7 +71,29 @@ impl Running {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Resp {
-        let resp = self.open(method, path, headers, body).await;
+        self.send_bytes(method, path, headers, body.as_bytes().to_vec())
+            .await
+    }
+
+    /// Sends a body of any bytes.
+    pub async fn send_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).unwrap();
+        let resp = tokio::time::timeout(WAIT, self.client.request(req))
+            .await
+            .expect("response in time")
+            .unwrap();
         let status = resp.status();
         let headers = resp.headers().clone();
         let body = tokio::time::timeout(WAIT, resp.into_body().collect())

@@ -6,7 +6,10 @@
 //!
 //! A successful write to a cached kind is answered only after its response
 //! object is folded into the cache ([`crate::cache::Cache::fold_write`]), so
-//! the writer's next read sees it (read-your-writes). Every relayed request is
+//! the writer's next read sees it (read-your-writes). The answer is read in
+//! whichever encoding the API server wrote it, JSON or protobuf (kubectl
+//! 1.32+ creates in protobuf), and passed on to the client as it came: the
+//! client gets the API server's own bytes. Every relayed request is
 //! recorded in the store's journal ([`crate::accounts::journal`]) with the
 //! time of each hop.
 
@@ -27,7 +30,7 @@ use super::route::{Query, ResourcePath};
 use crate::accounts::{Account, Operation, Outcome};
 use crate::cache::KindKey;
 use crate::tunnel::relay::RelayHandle;
-use spinlink_kube_api::Status;
+use spinlink_kube_api::{Status, protobuf};
 
 /// Request headers passed to the agent; everything else (Authorization,
 /// cookies, proxy headers) stays here.
@@ -302,7 +305,13 @@ where
         let (bytes, complete) = collect(&mut rx, FOLD_LIMIT).await;
         if complete {
             guard.done = true;
-            fold_into_cache(&account, &kind, &bytes, &parts.method);
+            let content_type = head
+                .headers
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+                .map(|(_, value)| String::from_utf8_lossy(value).into_owned())
+                .unwrap_or_default();
+            fold_into_cache(&account, &kind, &bytes, &content_type, &parts.method);
         }
         prefix = Some(bytes);
     }
@@ -344,10 +353,27 @@ async fn collect(rx: &mut mpsc::Receiver<Bytes>, limit: usize) -> (Bytes, bool) 
     (buf.freeze(), false)
 }
 
-/// Folds a write's answer into the cache (see the module docs).
-fn fold_into_cache(account: &Account, kind: &KindKey, body: &[u8], method: &http::Method) {
-    let Ok(object) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return;
+/// Folds a write's answer into the cache (see the module docs). An answer
+/// that does not decode (a kind with no protobuf schema here) is not
+/// folded; the watch brings the object a moment later.
+fn fold_into_cache(
+    account: &Account,
+    kind: &KindKey,
+    body: &[u8],
+    content_type: &str,
+    method: &http::Method,
+) {
+    let decoded = if protobuf::is_media_type(content_type) {
+        protobuf::decode(body).map_err(|e| e.to_string())
+    } else {
+        serde_json::from_slice::<serde_json::Value>(body).map_err(|e| e.to_string())
+    };
+    let object = match decoded {
+        Ok(object) => object,
+        Err(error) => {
+            tracing::debug!(%error, content_type, "a write's answer was not folded into the cache");
+            return;
+        }
     };
     // A Status (some DELETEs answer one) names no object to fold.
     if object.get("kind").and_then(|k| k.as_str()) == Some("Status") {
