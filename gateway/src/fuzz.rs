@@ -250,9 +250,6 @@ pub fn relay_server(data: &[u8]) {
             }
             InStream::new(Target::Discard, frame::DEFAULT_WINDOW).recv_closed(end)
         }
-        fn peer_reset(&mut self) -> bool {
-            true
-        }
         fn poll_signal(
             &mut self,
             _: &mut std::task::Context<'_>,

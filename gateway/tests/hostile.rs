@@ -17,6 +17,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use common::*;
 use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::relay::conn::Glitch;
 use spinlink_http2::frame::{self, Reason, kind};
 use spinlink_http2::hpack::Indexing;
 use spinlink_proto::paths;
@@ -138,4 +139,98 @@ async fn a_connection_without_a_preface_is_closed_after_the_timeout() {
     // Past the timeout, the connection that spoke is still served.
     talking.ping().await;
     assert_eq!(gw.stats.metrics().refusals(Refusal::PrefaceTimeout), 1);
+}
+
+/// A WINDOW_UPDATE of 0 on stream `id`: a stream error the gateway raises
+/// itself (RFC 9113 §6.9).
+fn zero_window_update(id: u32) -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::Head {
+        len: 4,
+        kind: kind::WINDOW_UPDATE,
+        flags: 0,
+        stream: id,
+    }
+    .write(&mut out);
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// MadeYouReset (CVE-2025-8671): streams opened on a path the gateway
+/// answers and made to reset by the gateway itself. Before the
+/// misbehaviour budget, over a million streams went by on one connection
+/// without a GOAWAY; now the budget (1,000 glitches) ends it.
+#[tokio::test]
+async fn made_you_reset_spends_the_budget_and_ends_the_connection() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "").await;
+    let mut raw = RawH2::connect(gw.addr, &pki.pki).await;
+    let mut streams = 0;
+    let reason = tokio::time::timeout(WAIT, async {
+        for i in 0..5_000u32 {
+            let id = 1 + 2 * i;
+            raw.open(id, paths::HELLO).await;
+            raw.send(&zero_window_update(id)).await;
+            streams += 1;
+            if i % 100 == 99 {
+                // Read what came back; stop at the GOAWAY.
+                loop {
+                    let (head, payload) = raw.next().await;
+                    if head.kind == kind::GOAWAY {
+                        return Some(Reason(word(&payload[4..])));
+                    }
+                    if head.kind == kind::PING {
+                        break;
+                    }
+                }
+            }
+            if i % 100 == 98 {
+                raw.send(&ping_frame()).await;
+            }
+        }
+        None
+    })
+    .await
+    .expect("the attack outlasted its wait");
+    assert_eq!(
+        reason,
+        Some(Reason::ENHANCE_YOUR_CALM),
+        "{streams} streams made to reset without a GOAWAY"
+    );
+    assert!(streams <= 1_200, "{streams} streams before the GOAWAY");
+    wait_refusals(&gw.stats, Refusal::Glitches, 1).await;
+    // Streams it reset, and (once the identity's Hello rate ran out and
+    // the gateway answered at once) WINDOW_UPDATEs that did nothing.
+    let charged: u64 = Glitch::ALL
+        .iter()
+        .map(|g| gw.stats.metrics().glitches(*g))
+        .sum();
+    assert!(charged >= 1_000, "{charged} glitches charged");
+    assert!(gw.stats.metrics().glitches(Glitch::StreamError) > 0);
+    // The gateway serves the next connection.
+    let mut next = RawH2::connect(gw.addr, &pki.pki).await;
+    next.ping().await;
+}
+
+/// A PING flood: each PING is answered, and costs a glitch; a thousand in
+/// a burst end the connection.
+#[tokio::test]
+async fn a_ping_flood_ends_the_connection() {
+    let pki = pki();
+    let gw = gateway(&pki.pki, "").await;
+    let mut raw = RawH2::connect(gw.addr, &pki.pki).await;
+    let mut flood = BytesMut::new();
+    for _ in 0..2_000 {
+        flood.extend_from_slice(&ping_frame());
+    }
+    raw.send(&flood).await;
+    assert_eq!(raw.goaway_then_closed().await, Reason::ENHANCE_YOUR_CALM);
+    wait_refusals(&gw.stats, Refusal::Glitches, 1).await;
+    assert!(gw.stats.metrics().glitches(Glitch::Ping) >= 1_000);
+}
+
+fn ping_frame() -> BytesMut {
+    let mut out = BytesMut::new();
+    frame::write_ping(&mut out, false, [9; 8]);
+    out
 }

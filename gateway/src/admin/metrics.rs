@@ -69,11 +69,15 @@ pub enum Refusal {
     /// A WINDOW_UPDATE or SETTINGS_INITIAL_WINDOW_SIZE that took a send
     /// window past 2^31−1; the connection got GOAWAY `FLOW_CONTROL_ERROR`.
     WindowOverflow,
+    /// The connection's misbehaviour budget ran out (resets, streams reset
+    /// for its fault, frames that do no work; by kind in
+    /// `spinlink_gateway_h2_glitches_total`): GOAWAY `ENHANCE_YOUR_CALM`.
+    Glitches,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 21] = [
+    pub const ALL: [Refusal; 22] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::UntrustedProxy,
@@ -95,6 +99,7 @@ impl Refusal {
         Self::PrefaceTimeout,
         Self::HeaderListTooLarge,
         Self::WindowOverflow,
+        Self::Glitches,
     ];
 
     /// The label value.
@@ -121,6 +126,7 @@ impl Refusal {
             Self::PrefaceTimeout => "preface_timeout",
             Self::HeaderListTooLarge => "header_list_too_large",
             Self::WindowOverflow => "window_overflow",
+            Self::Glitches => "glitches",
         }
     }
 }
@@ -170,6 +176,13 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Label set `{kind=...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind.
+    pub kind: &'static str,
+}
+
 /// Label set `{result="ok"|"failed"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -214,6 +227,8 @@ pub struct Metrics {
     pub tokens_renewed: Counter,
     /// Refusals by reason.
     pub refusals: Family<ReasonLabel, Counter>,
+    /// HTTP/2 misbehaviour charged to agent connections, by kind.
+    pub glitches: Family<KindLabel, Counter>,
     /// Streams carried, per upstream.
     pub streams: Family<UpstreamLabel, Counter>,
     /// Streams open now, per upstream.
@@ -259,6 +274,7 @@ impl Default for Metrics {
             tokens_issued: Counter::default(),
             tokens_renewed: Counter::default(),
             refusals: Family::default(),
+            glitches: Family::default(),
             streams: Family::default(),
             streams_open: Family::default(),
             upstream_connections: Family::default(),
@@ -310,6 +326,11 @@ impl Default for Metrics {
             "refusals",
             "Connections, handshakes, Hellos and streams refused, by reason",
             m.refusals.clone(),
+        );
+        registry.register(
+            "h2_glitches",
+            "HTTP/2 frames and streams that did no work, charged to agent connections, by kind",
+            m.glitches.clone(),
         );
         registry.register(
             "streams",
@@ -401,6 +422,24 @@ impl Metrics {
                 reason: reason.as_str(),
             })
             .inc();
+    }
+
+    /// Counts a glitch charged to an agent connection.
+    pub fn glitch(&self, glitch: crate::relay::conn::Glitch) {
+        self.glitches
+            .get_or_create(&KindLabel {
+                kind: glitch.as_str(),
+            })
+            .inc();
+    }
+
+    /// Glitches counted of `glitch`'s kind.
+    pub fn glitches(&self, glitch: crate::relay::conn::Glitch) -> u64 {
+        self.glitches
+            .get(&KindLabel {
+                kind: glitch.as_str(),
+            })
+            .map_or(0, |c| c.get())
     }
 
     /// Refusals counted for `reason`.

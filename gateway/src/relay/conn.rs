@@ -194,9 +194,10 @@ pub trait Role: Send + 'static {
     /// failed before it (`false`), for the instance's health.
     fn answered(&mut self, _ok: bool) {}
 
-    /// Server side: a stream ended by the peer's RST_STREAM (rapid-reset
-    /// accounting). `false` closes the connection.
-    fn peer_reset(&mut self) -> bool {
+    /// Server side: the peer made the connection do work for nothing
+    /// ([`Glitch`]). `false` when its budget is spent: the connection ends
+    /// with GOAWAY `ENHANCE_YOUR_CALM` ([`Offence::Glitches`]).
+    fn glitch(&mut self, _glitch: Glitch) -> bool {
         true
     }
 
@@ -227,6 +228,66 @@ pub enum StreamRefused {
     GoingAway,
 }
 
+/// A frame that is legal but does no work, or a stream that ends before it
+/// did any: each costs the peer a point of its connection's misbehaviour
+/// budget (the model of HAProxy's `tune.h2.fe.glitches-threshold`). An
+/// honest agent spends a few an hour; a flood of them (rapid reset,
+/// MadeYouReset, empty DATA, PRIORITY, tiny WINDOW_UPDATE, SETTINGS or PING
+/// floods) spends the budget in a second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Glitch {
+    /// The peer's RST_STREAM (rapid reset, CVE-2023-44487).
+    PeerReset,
+    /// A stream this side reset for the peer's fault (MadeYouReset,
+    /// CVE-2025-8671: a WINDOW_UPDATE of 0, DATA past the window or after
+    /// END_STREAM).
+    StreamError,
+    /// DATA with no payload and no END_STREAM.
+    EmptyData,
+    /// PRIORITY (deprecated by RFC 9113; ignored here).
+    Priority,
+    /// A WINDOW_UPDATE of less than [`TINY_WINDOW_UPDATE`] octets.
+    TinyWindowUpdate,
+    /// A SETTINGS frame (not its acknowledgement).
+    Settings,
+    /// A PING (not its acknowledgement).
+    Ping,
+    /// A frame of a type this side does not know.
+    UnknownFrame,
+}
+
+/// A WINDOW_UPDATE smaller than this (and not the last octets of a window)
+/// is a [`Glitch`]: honest peers return credit in large steps.
+pub const TINY_WINDOW_UPDATE: u32 = 1024;
+
+impl Glitch {
+    /// Every kind, for tests and dashboards.
+    pub const ALL: [Glitch; 8] = [
+        Self::PeerReset,
+        Self::StreamError,
+        Self::EmptyData,
+        Self::Priority,
+        Self::TinyWindowUpdate,
+        Self::Settings,
+        Self::Ping,
+        Self::UnknownFrame,
+    ];
+
+    /// The label value (`kind` of `spinlink_gateway_h2_glitches_total`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerReset => "peer_reset",
+            Self::StreamError => "stream_error",
+            Self::EmptyData => "empty_data",
+            Self::Priority => "priority",
+            Self::TinyWindowUpdate => "tiny_window_update",
+            Self::Settings => "settings",
+            Self::Ping => "ping",
+            Self::UnknownFrame => "unknown_frame",
+        }
+    }
+}
+
 /// A limit the peer went past, which ends the connection with GOAWAY and is
 /// counted by name (the other protocol errors are counted together).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +301,8 @@ pub enum Offence {
     /// SETTINGS_INITIAL_WINDOW_SIZE, that pushes a send window past 2^31−1
     /// (RFC 9113 §6.9.1, §6.9.2).
     WindowOverflow,
+    /// The misbehaviour budget ran out ([`Glitch`]).
+    Glitches,
 }
 
 impl Offence {
@@ -248,7 +311,7 @@ impl Offence {
     /// where RFC 9113 names it.
     pub fn reason(self) -> Reason {
         match self {
-            Self::HeaderListTooLarge => Reason::ENHANCE_YOUR_CALM,
+            Self::HeaderListTooLarge | Self::Glitches => Reason::ENHANCE_YOUR_CALM,
             Self::WindowOverflow => Reason::FLOW_CONTROL_ERROR,
         }
     }
@@ -258,6 +321,7 @@ impl Offence {
         match self {
             Self::HeaderListTooLarge => "header list larger than SETTINGS_MAX_HEADER_LIST_SIZE",
             Self::WindowOverflow => "flow-control window past 2^31-1",
+            Self::Glitches => "too many frames or streams that did no work",
         }
     }
 }
@@ -407,6 +471,14 @@ where
         }
     }
 
+    /// Charges the peer for `glitch`; ends the connection when its budget
+    /// is spent.
+    fn glitch(&mut self, glitch: Glitch) {
+        if !self.role.glitch(glitch) {
+            self.offence(Offence::Glitches);
+        }
+    }
+
     /// Ends the connection for `offence`: GOAWAY with its code.
     fn offence(&mut self, offence: Offence) {
         if self.closing.is_none() {
@@ -467,8 +539,12 @@ where
             return;
         };
         if e.reset {
-            // We reset it: the peer's half is dead too.
-            self.remove(e.id, Some(Failure::Cancel));
+            // We reset it: the peer's half is dead too. On the client side
+            // the other half (the agent's stream) ended it, which says
+            // nothing about the sidecar's health: not an upstream failure,
+            // or an agent resetting its own streams would get the sidecar
+            // ejected for every tenant.
+            self.remove_as(e.id, Some(Failure::Cancel), false);
         } else if s.recv_closed {
             self.remove(e.id, None);
         } else if R::SIDE == Side::Server {
@@ -483,6 +559,12 @@ where
 
     /// Removes stream `id`, telling its target `failure` if any.
     fn remove(&mut self, id: u32, failure: Option<Failure>) {
+        self.remove_as(id, failure, true);
+    }
+
+    /// [`Conn::remove`]; `peer_fault`: on the client side, a stream that
+    /// ends before its response head counts against the peer's health.
+    fn remove_as(&mut self, id: u32, failure: Option<Failure>, peer_fault: bool) {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
@@ -490,7 +572,7 @@ where
         if let (Some(f), Target::Route(route)) = (failure, &s.target) {
             route.sink.fail(route.id, f);
         }
-        if R::SIDE == Side::Client && !s.head_seen {
+        if R::SIDE == Side::Client && !s.head_seen && peer_fault {
             self.role.answered(false);
         }
     }
@@ -608,9 +690,15 @@ where
                     self.partial = Some((id, b, end_stream));
                 }
             }
-            Frame::Priority | Frame::Unknown => {}
+            Frame::Priority => self.glitch(Glitch::Priority),
+            Frame::Unknown => self.glitch(Glitch::UnknownFrame),
             Frame::Reset { stream, .. } => self.on_reset(stream),
             Frame::Settings(s) => {
+                if self.settings_seen {
+                    // The first is the preface's; an honest peer rarely
+                    // sends another.
+                    self.glitch(Glitch::Settings);
+                }
                 self.settings_seen = true;
                 self.preface_deadline = None;
                 let mut deliver = Deliver::default();
@@ -629,6 +717,7 @@ where
             }
             Frame::SettingsAck => {}
             Frame::Ping { ack: false, data } => {
+                self.glitch(Glitch::Ping);
                 frame::write_ping(self.link.lock().buf_mut(), true, data);
             }
             Frame::Ping { ack: true, .. } => self.ping_sent = None,
@@ -640,6 +729,9 @@ where
             Frame::WindowUpdate { stream, increment } => {
                 if stream != 0 && self.is_idle(stream) {
                     return self.error(Reason::PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream");
+                }
+                if increment < TINY_WINDOW_UPDATE {
+                    self.glitch(Glitch::TinyWindowUpdate);
                 }
                 let mut deliver = Deliver::default();
                 let r = self
@@ -685,6 +777,7 @@ where
 
     /// Resets stream `id` with `reason` and tells its other half.
     fn stream_error(&mut self, id: u32, reason: Reason) {
+        self.glitch(Glitch::StreamError);
         self.send_reset(id, reason);
         if self.streams.contains_key(&id) {
             let failure = self.role.failure();
@@ -693,6 +786,9 @@ where
     }
 
     fn on_data(&mut self, id: u32, data: &[u8], flow_len: u32, end: bool) {
+        if data.is_empty() && !end {
+            self.glitch(Glitch::EmptyData);
+        }
         if i64::from(flow_len) > self.recv_window {
             return self.error(Reason::FLOW_CONTROL_ERROR, "connection window exceeded");
         }
@@ -848,9 +944,7 @@ where
         if self.streams.contains_key(&id) {
             let failure = self.role.failure();
             self.remove(id, Some(failure));
-            if !self.role.peer_reset() {
-                self.error(Reason::ENHANCE_YOUR_CALM, "too many streams reset");
-            }
+            self.glitch(Glitch::PeerReset);
         }
     }
 

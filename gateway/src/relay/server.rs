@@ -30,7 +30,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use super::bridge::{self, Bridge};
-use super::conn::{Conn, ConnError, InStream, Local, Offence, Role, Signal, StreamRefused, Target};
+use super::conn::{
+    Conn, ConnError, Glitch, InStream, Local, Offence, Role, Signal, StreamRefused, Target,
+};
 use super::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
 use crate::admin::{Counter, Refusal};
 use crate::listener::limits::TokenBucket;
@@ -43,11 +45,13 @@ use crate::tunnel::{self, ConnPeer, Shared, status};
 pub const STREAM_WINDOW: u32 = 1 << 20;
 /// Receive window of each agent connection.
 pub const CONN_WINDOW: u32 = 8 << 20;
-/// Streams an agent may reset per second, on average, before its
-/// connection is closed (rapid reset); bursts of [`RESET_BURST`].
-pub const RESETS_PER_SECOND: f64 = 100.0;
-/// See [`RESETS_PER_SECOND`].
-pub const RESET_BURST: u32 = 1_000;
+/// Glitches ([`Glitch`]: resets, streams reset for the agent's fault,
+/// frames that do no work) an agent connection may cost per second, on
+/// average, before it is closed with GOAWAY `ENHANCE_YOUR_CALM`; bursts of
+/// [`GLITCH_BURST`]. An honest agent costs a few an hour.
+pub const GLITCHES_PER_SECOND: f64 = 100.0;
+/// See [`GLITCHES_PER_SECOND`].
+pub const GLITCH_BURST: u32 = 1_000;
 /// How long a closing connection may take to write its last frames.
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 
@@ -95,7 +99,7 @@ struct AgentRole {
     /// The `Control` stream events go on.
     control: Option<u32>,
     next_heartbeat: Option<Instant>,
-    resets: TokenBucket,
+    glitches: TokenBucket,
     timer: Pin<Box<Sleep>>,
 }
 
@@ -418,8 +422,9 @@ impl Role for AgentRole {
         }
     }
 
-    fn peer_reset(&mut self) -> bool {
-        self.resets.try_take(std::time::Instant::now())
+    fn glitch(&mut self, glitch: Glitch) -> bool {
+        self.shared.stats.metrics().glitch(glitch);
+        self.glitches.try_take(std::time::Instant::now())
     }
 
     fn refused(&mut self, why: StreamRefused) {
@@ -530,7 +535,7 @@ pub async fn serve<IO>(
             .map_or(Age::Done, |(age, _)| Age::Until(now + age)),
         control: None,
         next_heartbeat: None,
-        resets: TokenBucket::new(RESETS_PER_SECOND, RESET_BURST, std::time::Instant::now()),
+        glitches: TokenBucket::new(GLITCHES_PER_SECOND, GLITCH_BURST, std::time::Instant::now()),
         timer: Box::pin(tokio::time::sleep_until(now)),
     };
     let bytes = shared.stats.metrics().bytes_counter(true);
@@ -564,6 +569,7 @@ pub async fn serve<IO>(
             shared.stats.refuse(match e {
                 ConnError::Offence(Offence::HeaderListTooLarge) => Refusal::HeaderListTooLarge,
                 ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
+                ConnError::Offence(Offence::Glitches) => Refusal::Glitches,
                 _ => Refusal::PrefaceTimeout,
             });
             tracing::info!(%remote, error = %e, "agent connection ended");

@@ -732,6 +732,7 @@ impl RawH2 {
     pub async fn send(&mut self, bytes: &[u8]) {
         use tokio::io::AsyncWriteExt;
         self.tls.write_all(bytes).await.unwrap();
+        self.tls.flush().await.unwrap();
     }
 
     /// HEADERS (and CONTINUATIONs) with `block` for stream `id`, not ending it.

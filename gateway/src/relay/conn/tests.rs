@@ -31,7 +31,8 @@ fn local(max_streams: u32) -> Local {
 /// A server role that routes every stream to one recorder.
 struct TestServer {
     sink: Arc<Recorder>,
-    resets_allowed: u32,
+    glitches_allowed: u32,
+    glitches: Arc<Mutex<Vec<Glitch>>>,
     signal: Arc<Mutex<Signal>>,
     refused: Arc<Mutex<Vec<StreamRefused>>>,
 }
@@ -49,11 +50,12 @@ impl Role for TestServer {
         InStream::new(Target::Route(route), frame::DEFAULT_WINDOW).recv_closed(end)
     }
 
-    fn peer_reset(&mut self) -> bool {
-        if self.resets_allowed == 0 {
+    fn glitch(&mut self, glitch: Glitch) -> bool {
+        self.glitches.lock().unwrap().push(glitch);
+        if self.glitches_allowed == 0 {
             return false;
         }
-        self.resets_allowed -= 1;
+        self.glitches_allowed -= 1;
         true
     }
 
@@ -166,10 +168,12 @@ struct Server {
     signal: Arc<Mutex<Signal>>,
     /// What the role was told was refused.
     refused: Arc<Mutex<Vec<StreamRefused>>>,
+    /// What the role was charged.
+    glitches: Arc<Mutex<Vec<Glitch>>>,
     task: JoinHandle<Result<(), ConnError>>,
 }
 
-fn server(local: Local, resets_allowed: u32) -> Server {
+fn server(local: Local, glitches_allowed: u32) -> Server {
     let (a, b) = tokio::io::duplex(1 << 20);
     let sink = Arc::new(Recorder::default());
     let signal = Arc::new(Mutex::new(Signal::None));
@@ -180,9 +184,11 @@ fn server(local: Local, resets_allowed: u32) -> Server {
         Encoder::new(0),
     );
     let refused = Arc::new(Mutex::new(Vec::new()));
+    let glitches = Arc::new(Mutex::new(Vec::new()));
     let role = TestServer {
         sink: sink.clone(),
-        resets_allowed,
+        glitches_allowed,
+        glitches: glitches.clone(),
         signal: signal.clone(),
         refused: refused.clone(),
     };
@@ -203,6 +209,7 @@ fn server(local: Local, resets_allowed: u32) -> Server {
         link,
         signal,
         refused,
+        glitches,
         task,
     }
 }
@@ -510,6 +517,119 @@ async fn rapid_resets_close_the_connection() {
     );
 }
 
+/// One attack of each kind, alone on a connection with a budget of 8: the
+/// ninth glitch ends it with GOAWAY `ENHANCE_YOUR_CALM`, and the role was
+/// charged for each of that kind.
+#[tokio::test]
+async fn every_kind_of_useless_frame_spends_the_budget() {
+    // Frames that each cost one glitch; stream 1 is open for those that
+    // need a stream.
+    type Attack = (Glitch, fn(&mut BytesMut));
+    let attacks: [Attack; 7] = [
+        // MadeYouReset: a WINDOW_UPDATE of 0 makes this side reset.
+        (Glitch::StreamError, |out| {
+            frame::Head {
+                len: 4,
+                kind: kind::WINDOW_UPDATE,
+                flags: 0,
+                stream: 1,
+            }
+            .write(out);
+            out.put_u32(0);
+        }),
+        (Glitch::EmptyData, |out| write_data(out, 1, b"", false)),
+        (Glitch::Priority, |out| {
+            frame::Head {
+                len: 5,
+                kind: kind::PRIORITY,
+                flags: 0,
+                stream: 1,
+            }
+            .write(out);
+            out.put_slice(&[0, 0, 0, 0, 16]);
+        }),
+        (Glitch::TinyWindowUpdate, |out| {
+            frame::write_window_update(out, 0, 1)
+        }),
+        (Glitch::Settings, |out| Settings::default().write(out)),
+        (Glitch::Ping, |out| write_ping(out, false, [7; 8])),
+        (Glitch::UnknownFrame, |out| {
+            frame::Head {
+                len: 3,
+                kind: 0xEE,
+                flags: 0,
+                stream: 0,
+            }
+            .write(out);
+            out.put_slice(b"abc");
+        }),
+    ];
+    for (glitch, write) in attacks {
+        let mut s = server(local(100), 8);
+        s.peer.handshake().await;
+        s.peer.open(1, false).await;
+        let mut out = BytesMut::new();
+        for i in 0..9u32 {
+            if glitch == Glitch::StreamError {
+                // Each on a stream of its own: a reset stream is gone.
+                let id = 3 + 2 * i;
+                let head = s.peer.head(id, "/x", false);
+                out.extend_from_slice(&head);
+                let mut frame = BytesMut::new();
+                write(&mut frame);
+                frame[5..9].copy_from_slice(&id.to_be_bytes());
+                out.extend_from_slice(&frame);
+            } else {
+                write(&mut out);
+            }
+        }
+        s.peer.send(&out).await;
+        assert_eq!(
+            s.peer.goaway().await,
+            Reason::ENHANCE_YOUR_CALM,
+            "{glitch:?}"
+        );
+        assert!(
+            matches!(
+                ended(s.task).await,
+                Err(ConnError::Offence(Offence::Glitches))
+            ),
+            "{glitch:?}"
+        );
+        let charged = s.glitches.lock().unwrap().clone();
+        assert_eq!(charged.len(), 9, "{glitch:?}: {charged:?}");
+        assert!(
+            charged.iter().all(|g| *g == glitch),
+            "{glitch:?}: {charged:?}"
+        );
+    }
+}
+
+/// What an honest peer does — its preface SETTINGS, large WINDOW_UPDATEs,
+/// DATA with payload, a stream ended by END_STREAM — costs nothing.
+#[tokio::test]
+async fn honest_frames_cost_nothing() {
+    // A budget of one: the PING that tells when the rest was read.
+    let mut s = server(local(100), 1);
+    s.peer.handshake().await;
+    s.peer.open(1, false).await;
+    let mut out = BytesMut::new();
+    frame::write_window_update(&mut out, 0, 1 << 20);
+    write_data(&mut out, 1, b"\0\0\0\0\x01x", false);
+    write_data(&mut out, 1, b"", true);
+    write_ping(&mut out, false, [1; 8]);
+    s.peer.send(&out).await;
+    loop {
+        let (h, _) = s.peer.next().await;
+        assert_ne!(h.kind, kind::GOAWAY);
+        if h.kind == kind::PING {
+            break;
+        }
+    }
+    assert_eq!(*s.glitches.lock().unwrap(), [Glitch::Ping]);
+    assert!(!s.task.is_finished());
+}
+
 #[tokio::test]
 async fn streams_past_the_limit_are_refused() {
     let mut s = server(local(2), 10);
@@ -596,8 +716,18 @@ impl Role for TestClient {
     }
 }
 
-#[tokio::test]
-async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goaway() {
+/// A client connection to a sidecar played by the test: its link, the
+/// outcomes its role was told, the sidecar's end, the task, a recorder for
+/// the routes and a request head.
+#[allow(clippy::type_complexity)]
+fn client() -> (
+    Arc<Link>,
+    Arc<Mutex<Vec<bool>>>,
+    DuplexStream,
+    JoinHandle<Result<(), ConnError>>,
+    Arc<Recorder>,
+    Fields,
+) {
     let (a, b) = tokio::io::duplex(1 << 20);
     let l = local(0);
     let link = Link::new(
@@ -617,11 +747,16 @@ async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goa
         conn.shut();
         r
     });
-    let sink = Arc::new(Recorder::default());
     let head = vec![
         (Bytes::from_static(b":method"), Bytes::from_static(b"POST")),
         (Bytes::from_static(b":path"), Bytes::from_static(b"/x")),
     ];
+    (link, outcomes, a, task, Arc::new(Recorder::default()), head)
+}
+
+#[tokio::test]
+async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goaway() {
+    let (link, outcomes, a, task, sink, head) = client();
     let open = |id| {
         link.open(
             &head,
@@ -681,5 +816,61 @@ async fn a_client_routes_answers_skips_informational_heads_and_reopens_after_goa
     );
     assert!(!link.is_usable(), "no new streams after GOAWAY");
     assert_eq!(*outcomes.lock().unwrap(), [true, false]);
+    task.abort();
+}
+
+/// A stream the agent's side cancels before the sidecar answered says
+/// nothing about the sidecar: it is reset towards the sidecar but not
+/// counted as a failure (outlier ejection would otherwise let one agent
+/// resetting its own streams take a sidecar away from every tenant).
+#[tokio::test]
+async fn a_stream_the_other_side_cancels_is_not_the_peers_failure() {
+    let (link, outcomes, a, task, sink, head) = client();
+    let route = |id| Route {
+        sink: sink.clone(),
+        id,
+    };
+    assert_eq!(link.open(&head, false, route(10)), Some(1));
+    assert_eq!(link.open(&head, false, route(11)), Some(3));
+    let mut sidecar = Peer {
+        io: a,
+        enc: Encoder::new(4096),
+        rbuf: BytesMut::new(),
+    };
+    let mut preface = [0u8; 24];
+    sidecar.io.read_exact(&mut preface).await.unwrap();
+    let mut out = BytesMut::new();
+    Settings::default().write(&mut out);
+    sidecar.send(&out).await;
+    // The agent's side gives up on stream 1: the sidecar sees it reset.
+    Sink::fail(&*link, 1, Failure::Cancel);
+    let (h, p) = sidecar.next_not(kind::SETTINGS).await;
+    let (h, p) = if h.kind == kind::HEADERS || h.kind == kind::WINDOW_UPDATE {
+        sidecar.next_not(kind::HEADERS).await
+    } else {
+        (h, p)
+    };
+    assert_eq!((h.kind, h.stream), (kind::RST_STREAM, 1), "{h:?}");
+    assert_eq!(
+        Reason(u32::from_be_bytes([p[0], p[1], p[2], p[3]])),
+        Reason::CANCEL
+    );
+    // The sidecar resets stream 3 itself: that one is its failure.
+    // A PING after it: its answer says everything before it was handled.
+    let mut out = BytesMut::new();
+    write_reset(&mut out, 3, Reason::INTERNAL_ERROR);
+    write_ping(&mut out, false, [3; 8]);
+    sidecar.send(&out).await;
+    loop {
+        let (h, _) = sidecar.next().await;
+        if h.kind == kind::PING {
+            break;
+        }
+    }
+    assert_eq!(
+        *outcomes.lock().unwrap(),
+        [false],
+        "only the sidecar's reset counts"
+    );
     task.abort();
 }
