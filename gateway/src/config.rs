@@ -160,6 +160,10 @@ pub struct TlsConfig {
     pub client_ca_file: PathBuf,
     /// Seconds between checks of the files for new content; 0 turns reloading off.
     pub reload_interval_seconds: u64,
+    /// The oldest TLS version agents may use: `"1.3"` (the default: every
+    /// agent speaks it, and it hides the client certificate from anyone on
+    /// the path) or `"1.2"` for old clients.
+    pub min_version: TlsVersion,
     /// Accept handshakes without a client certificate (set by the gateway
     /// when `jwtBootstrap` is configured; not read from the file).
     #[serde(skip)]
@@ -173,9 +177,21 @@ impl Default for TlsConfig {
             key_file: PathBuf::new(),
             client_ca_file: PathBuf::new(),
             reload_interval_seconds: DEFAULT_TLS_RELOAD_INTERVAL_SECONDS,
+            min_version: TlsVersion::V1_3,
             client_certificate_optional: false,
         }
     }
+}
+
+/// A TLS protocol version (`tls.minVersion`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum TlsVersion {
+    /// TLS 1.2 (RFC 5246).
+    #[serde(rename = "1.2")]
+    V1_2,
+    /// TLS 1.3 (RFC 8446).
+    #[serde(rename = "1.3")]
+    V1_3,
 }
 
 /// The admin port.
@@ -275,13 +291,13 @@ pub struct IdentityConfig {
 }
 
 impl Default for IdentityConfig {
+    /// URI SAN, else DNS SAN. Not the subject's common name unless the
+    /// configuration lists `commonName`: a CN is free text, so a certificate
+    /// made for something else could name itself `spiffe://…/agent/prod`
+    /// there.
     fn default() -> Self {
         Self {
-            sources: vec![
-                IdentitySourceName::UriSan,
-                IdentitySourceName::DnsSan,
-                IdentitySourceName::CommonName,
-            ],
+            sources: vec![IdentitySourceName::UriSan, IdentitySourceName::DnsSan],
         }
     }
 }

@@ -56,9 +56,17 @@ fn defaults() {
     .unwrap();
     assert_eq!(c.token_ttl_seconds, DEFAULT_TOKEN_TTL_SECONDS);
     assert_eq!(c.listen, DEFAULT_LISTEN);
+    // The subject's CN only when the configuration names it.
     assert_eq!(
         c.identity.sources(),
-        spinlink_tls::identity::DEFAULT_IDENTITY_ORDER
+        [
+            spinlink_tls::identity::IdentitySource::UriSan,
+            spinlink_tls::identity::IdentitySource::DnsSan
+        ]
+    );
+    assert_eq!(
+        crate::config::TlsConfig::default().min_version,
+        crate::config::TlsVersion::V1_3
     );
     assert!(c.policy.is_empty());
     assert_eq!(c.upstream_connections, DEFAULT_UPSTREAM_CONNECTIONS);

@@ -127,8 +127,12 @@ impl Material {
         } else {
             verifier.build()?
         };
+        let versions: &[&rustls::SupportedProtocolVersion] = match files.min_version {
+            crate::config::TlsVersion::V1_3 => &[&rustls::version::TLS13],
+            crate::config::TlsVersion::V1_2 => rustls::DEFAULT_VERSIONS,
+        };
         let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
+            .with_protocol_versions(versions)?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)?;
         config.alpn_protocols = alpn.to_vec();

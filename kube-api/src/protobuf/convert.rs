@@ -226,8 +226,10 @@ fn special_to_json(msg: &DynamicMessage, path: &str) -> Result<Value> {
     match desc.full_name() {
         TIME | MICRO_TIME => {
             let (seconds, nanos) = (int_field(msg, "seconds"), int_field(msg, "nanos"));
-            if seconds == 0 && nanos == 0 {
-                // The zero time: `metav1.Time` writes `null`.
+            if !msg.has_field_by_name("seconds") && !msg.has_field_by_name("nanos") {
+                // The zero time is an empty message (`metav1.Time` reads no
+                // bytes as the zero time and writes it as `null`); the epoch,
+                // written `seconds: 0, nanos: 0`, is a time like any other.
                 return Ok(Value::Null);
             }
             let nanos = u32::try_from(nanos).map_err(|_| invalid(path, "negative nanos"))?;
