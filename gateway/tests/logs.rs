@@ -50,3 +50,41 @@ async fn tokens_never_appear_in_logs() {
         );
     }
 }
+
+/// A flood of connections the listener refuses writes one warning with the
+/// first one's details and then one summary line with the count, not a line
+/// each (`listener/log_summary.rs`); the refusals metric counts every one.
+#[tokio::test]
+async fn a_flood_of_refusals_is_summarised() {
+    capture_logs();
+    let pki = pki();
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        "upstreams: [{url: 'http://127.0.0.1:9'}]\n\
+         listener: {handshakesPerSecond: 0.01, handshakeBurst: 1, handshakeQueueSeconds: 0}\n",
+    ))
+    .await;
+    // The first takes the one handshake token; the next 200 are refused.
+    let mut held = Vec::new();
+    for _ in 0..201 {
+        held.push(tokio::net::TcpStream::connect(gw.addr).await.unwrap());
+    }
+    wait_refusals(
+        &gw.stats,
+        spinlink_gateway::admin::Refusal::HandshakeRate,
+        200,
+    )
+    .await;
+    let line = wait_log_line(&[
+        "connections refused",
+        "reason=\"handshake_rate\"",
+        "count=199",
+    ])
+    .await;
+    assert!(line.contains("WARN"), "{line}");
+    let single = logs()
+        .lines()
+        .filter(|l| l.contains("connection refused") && l.contains("handshake_rate"))
+        .count();
+    assert_eq!(single, 1, "one warning of its own, then the summary");
+}

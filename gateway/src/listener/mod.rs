@@ -30,6 +30,7 @@
 pub mod cidr;
 pub mod ingress;
 pub mod limits;
+pub mod log_summary;
 pub mod prefixed;
 pub mod proxy_protocol;
 
@@ -87,6 +88,8 @@ pub struct Settings {
     drain_grace: Duration,
     /// Ingress routes served on this listener besides the agent tunnel.
     ingress: Option<Arc<crate::ingress::Ingress>>,
+    /// Refusal and handshake-failure warnings, summarised in a flood.
+    warnings: Arc<log_summary::Summarised>,
 }
 
 #[derive(Debug)]
@@ -151,6 +154,7 @@ impl Settings {
             handshake_queue: Duration::from_secs_f64(c.handshake_queue_seconds),
             drain_grace,
             ingress: None,
+            warnings: log_summary::Summarised::new(log_summary::SUMMARY_INTERVAL),
         }
     }
 
@@ -356,7 +360,13 @@ impl Connection {
         // Before the refusal, whose count wakes waiters.
         self.count_client(remote, ClientResult::Refused);
         self.shared.stats.refuse(reason);
-        tracing::warn!(%remote, peer = %self.remote, reason = reason.as_str(), "connection refused");
+        if self
+            .settings
+            .warnings
+            .admit(reason.as_str(), "connections refused")
+        {
+            tracing::warn!(%remote, peer = %self.remote, reason = reason.as_str(), "connection refused");
+        }
     }
 
     /// Counts the connection under its client's network: `remote` is the
@@ -443,7 +453,13 @@ impl Connection {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
                 self.handshake_failed(remote);
-                tracing::warn!(%remote, error = %e, "TLS handshake failed");
+                if self
+                    .settings
+                    .warnings
+                    .admit("handshake_failed", "TLS handshakes failed")
+                {
+                    tracing::warn!(%remote, error = %e, "TLS handshake failed");
+                }
                 return;
             }
             Err(_) => {
