@@ -496,6 +496,28 @@ pub struct Overrides {
     pub instance_id: Option<String>,
 }
 
+/// `url` with an IPv6 host put in brackets when it came without: the chart
+/// passes `https://$(POD_IP):7011`, which on an IPv6 pod reads
+/// `https://fd00:10::5:7011`. The port is always there (the chart writes
+/// it), so the last colon starts it; anything that is not an IPv6 address
+/// and a port that way is left as it is, for validation to judge.
+fn bracket_ipv6_host(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    if authority.contains('[') || authority.matches(':').count() < 2 {
+        return url.to_owned();
+    }
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return url.to_owned();
+    };
+    match (host.parse::<std::net::Ipv6Addr>(), port.parse::<u16>()) {
+        (Ok(ip), Ok(port)) => format!("{scheme}://[{ip}]:{port}{path}"),
+        _ => url.to_owned(),
+    }
+}
+
 /// What is wrong with a list of certificate identities matched exactly
 /// (`tunnel.tls.gatewayIdentities`, `peer.tls.peerIdentities`), if anything.
 fn check_identities(identities: &[String]) -> Result<(), String> {
@@ -550,7 +572,7 @@ impl Config {
         };
         config.origin = origin.to_owned();
         if let Some(url) = &overrides.peer_advertise_url {
-            config.peer.advertise_url = Some(url.clone());
+            config.peer.advertise_url = Some(bracket_ipv6_host(url));
         }
         if let Some(id) = &overrides.instance_id {
             config.instance_id = id.clone();
@@ -950,6 +972,38 @@ mod tests {
 
     const PEER_TLS: &str = "tls: { certFile: p.crt, keyFile: p.key, caFile: ca.crt, peerIdentities: ['spiffe://t/sidecar'] }";
     const PG: &str = "instanceId: s1\nstore: { url: 'postgres://spinlink@db/spinlink' }\n";
+
+    #[test]
+    fn an_ipv6_pod_address_is_put_in_brackets() {
+        for (given, want) in [
+            (
+                "https://fd00:10:244::5:7011",
+                "https://[fd00:10:244::5]:7011",
+            ),
+            ("https://[fd00::5]:7011", "https://[fd00::5]:7011"),
+            ("https://10.1.2.3:7011", "https://10.1.2.3:7011"),
+            ("https://s-0.sidecars:7011/", "https://s-0.sidecars:7011/"),
+            ("https://fd00::5:7011/x", "https://[fd00::5]:7011/x"),
+        ] {
+            assert_eq!(bracket_ipv6_host(given), want, "{given}");
+        }
+        let pod = Overrides {
+            peer_advertise_url: Some("https://fd00:10:244::5:7011".into()),
+            instance_id: Some("spin-clouddriver-5d8f-x2x7q".into()),
+        };
+        let c = Config::from_yaml_str_with(
+            &format!(
+                "tunnel: {{ insecure: true }}\n{PG}peer: {{ listen: '[::]:7011', {PEER_TLS} }}\n"
+            ),
+            "p.yaml",
+            &pod,
+        )
+        .unwrap();
+        assert_eq!(
+            c.peer.advertise(parse_addr("[::]:7011")),
+            "https://[fd00:10:244::5]:7011"
+        );
+    }
 
     #[test]
     fn sidecars_sharing_postgresql_are_named_each() {
