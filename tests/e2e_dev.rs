@@ -102,3 +102,34 @@ fn dev_serves_kubectl_through_the_whole_chain() {
         dev.log_tail()
     );
 }
+
+/// A kubectl with a cold cache discovers the cluster through the facade in
+/// as many requests as against the API server itself: the aggregated
+/// discovery documents (`apidiscovery.k8s.io/v2`) the agent fetched are
+/// served as the server served them, instead of the plain ones that make
+/// kubectl ask for every group version (26 requests).
+#[test]
+fn a_cold_kubectl_discovers_through_the_facade_as_fast_as_directly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (_sim, sim_kubeconfig) = support::kube_sim(dir);
+    let state = dir.join("state");
+    let _dev = support::dev(dir, &state, Some(&sim_kubeconfig));
+    // The GETs a cold `kubectl get pods` makes, besides the pods themselves.
+    let discovery = |k: &Kubectl| -> Vec<String> {
+        let out = k.run_with_input(&["get", "pods", "-n", "demo", "-v=6"], None);
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{log}");
+        log.lines()
+            .filter(|l| l.contains("verb=\"GET\"") && !l.contains("/pods"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let direct = discovery(&Kubectl::new(dir, "direct", &sim_kubeconfig));
+    let via = discovery(&Kubectl::new(dir, "via", &state.join("kubeconfig")));
+    assert!(
+        (1..=3).contains(&direct.len()),
+        "the API server serves aggregated discovery: {direct:#?}"
+    );
+    assert_eq!(via.len(), direct.len(), "through the facade: {via:#?}");
+}

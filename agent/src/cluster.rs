@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use spinlink_proto::v1;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::AccountConfig;
 use std::sync::Arc;
@@ -198,8 +198,13 @@ impl Cluster {
 
     /// GETs `path` and returns the body when the status is 2xx.
     pub async fn get_raw(&self, path: &str) -> Result<Bytes> {
+        self.get_accepting(path, JSON).await.map(|(_, body)| body)
+    }
+
+    /// GET `path` asking for `accept`: the answer's content type and body.
+    async fn get_accepting(&self, path: &str, accept: &str) -> Result<(String, Bytes)> {
         let request = http::Request::get(path)
-            .header(http::header::ACCEPT, JSON)
+            .header(http::header::ACCEPT, accept)
             .body(kube::client::Body::empty())
             .map_err(|e| Error::Discovery {
                 account: self.account.clone(),
@@ -214,6 +219,12 @@ impl Cluster {
                 source,
             })?;
         let status = response.status();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         let body = response
             .into_body()
             .collect()
@@ -229,13 +240,17 @@ impl Cluster {
                 message: format!("{path}: HTTP {status}"),
             });
         }
-        Ok(body)
+        Ok((content_type, body))
     }
 
     /// The discovery documents: `/version`, `/api`, `/api/v1`, `/apis` and
     /// every `/apis/{group}/{version}` that `/apis` lists. A group version
     /// that fails (an aggregated API that is down) is left out, with a
-    /// warning.
+    /// warning. Also `/api` and `/apis` as aggregated discovery
+    /// (`apidiscovery.k8s.io/v2`, under `<path>`
+    /// [`aggregated::PATH_SUFFIX`](spinlink_proto::aggregated::PATH_SUFFIX))
+    /// when the server serves it, so that kubectl's cold start through the
+    /// facade takes the three requests it takes against the server.
     pub async fn discovery(&self) -> Result<v1::DiscoverySnapshot> {
         let mut documents = Vec::new();
         let mut doc = |path: &str, body: Bytes| {
@@ -254,6 +269,24 @@ impl Cluster {
             message: format!("/apis: {e}"),
         })?;
         doc("/apis", apis);
+        let mut aggregated_docs = Vec::new();
+        for path in ["/api", "/apis"] {
+            use spinlink_proto::aggregated;
+            match self.get_accepting(path, aggregated::ACCEPT).await {
+                Ok((content_type, body)) if content_type.contains(aggregated::MARK) => {
+                    aggregated_docs.push(v1::Document {
+                        path: format!("{path}{}", aggregated::PATH_SUFFIX),
+                        content_type,
+                        body: body.to_vec(),
+                    });
+                }
+                // An older server answers the plain document: nothing to add.
+                Ok(_) => {}
+                Err(e) => {
+                    debug!(account = %self.account, %path, error = %e, "no aggregated discovery")
+                }
+            }
+        }
         for gv in group_versions {
             let path = format!("/apis/{gv}");
             match self.get_raw(&path).await {
@@ -263,6 +296,7 @@ impl Cluster {
                 }
             }
         }
+        documents.extend(aggregated_docs);
         Ok(v1::DiscoverySnapshot { documents })
     }
 }

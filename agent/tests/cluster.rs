@@ -235,10 +235,26 @@ async fn sync_events_relay_and_no_secret_values() {
         for p in ["/version", "/api", "/api/v1", "/apis", "/apis/apps/v1"] {
             assert!(paths.contains(&p), "{p} missing from {paths:?}");
         }
+        // Plain documents as JSON; `/api` and `/apis` also as the server's
+        // aggregated discovery, under names no request path matches.
+        for d in &d.documents {
+            match d.path.strip_suffix(spinlink_proto::aggregated::PATH_SUFFIX) {
+                Some(path) => {
+                    assert!(path == "/api" || path == "/apis", "{}", d.path);
+                    assert!(
+                        d.content_type.starts_with(
+                            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+                        ),
+                        "{}",
+                        d.content_type
+                    );
+                }
+                None => assert_eq!(d.content_type, "application/json", "{}", d.path),
+            }
+        }
         assert!(
-            d.documents
-                .iter()
-                .all(|d| d.content_type == "application/json")
+            paths.contains(&"/apis;as=APIGroupDiscoveryList"),
+            "{paths:?}"
         );
 
         // Listed objects arrive as ADDED with apiVersion/kind filled in.

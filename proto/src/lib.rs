@@ -93,6 +93,19 @@ pub mod headers {
     pub const VERIFIED_ACCOUNTS: &str = "spinlink-verified-accounts";
 }
 
+/// Aggregated discovery (`apidiscovery.k8s.io/v2`) in a discovery snapshot.
+pub mod aggregated {
+    /// What the agent asks for, as kubectl does (`v2` only: `v2beta1` is
+    /// gone from the servers spinlink supports).
+    pub const ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    /// The media-type parameter that marks an aggregated answer.
+    pub const MARK: &str = "as=APIGroupDiscoveryList";
+    /// Appended to `/api` and `/apis` to name their aggregated documents in
+    /// a snapshot: a sidecar that does not know them never serves them in
+    /// place of the plain ones (no request path contains it).
+    pub const PATH_SUFFIX: &str = ";as=APIGroupDiscoveryList";
+}
+
 /// Full gRPC paths of the `Tunnel` methods, as routed by the gateway.
 pub mod paths {
     /// `Hello`, answered by the gateway itself.

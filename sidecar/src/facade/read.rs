@@ -25,14 +25,25 @@ fn json_response(body: Vec<u8>, content_type: &str) -> Response<Body> {
     resp
 }
 
-/// The discovery document at `path`, if the snapshot has it. Aggregated
-/// discovery requests get the plain document as `application/json`, which
-/// kubectl accepts by falling back.
+/// The discovery document at `path`, if the snapshot has it. A request
+/// that accepts aggregated discovery gets the cluster's own aggregated
+/// document with its media type when the agent sent one (`/api`, `/apis`);
+/// otherwise the plain document as `application/json`, which kubectl
+/// accepts by falling back to one request per group version.
 pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response<Body>> {
+    use spinlink_proto::aggregated;
     let cache = account.read_cache();
-    let doc = cache.discovery(path)?;
-    let content_type = if accept.contains("as=APIGroupDiscoveryList") || doc.content_type.is_empty()
-    {
+    let wants_aggregated = accept.contains(aggregated::MARK);
+    let aggregated_doc = wants_aggregated
+        .then(|| cache.discovery(&format!("{path}{}", aggregated::PATH_SUFFIX)))
+        .flatten();
+    let doc = match aggregated_doc {
+        Some(doc) => doc,
+        None => cache.discovery(path)?,
+    };
+    let content_type = if aggregated_doc.is_some() {
+        doc.content_type.as_str()
+    } else if wants_aggregated || doc.content_type.is_empty() {
         "application/json"
     } else {
         doc.content_type.as_str()
