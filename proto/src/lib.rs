@@ -95,8 +95,9 @@ pub mod headers {
 
 /// Aggregated discovery (`apidiscovery.k8s.io/v2`) in a discovery snapshot.
 pub mod aggregated {
-    /// What the agent asks for, as kubectl does (`v2` only: `v2beta1` is
-    /// gone from the servers spinlink supports).
+    /// What the agent asks for: `v2`, what kubectl 1.30 and later ask for
+    /// first. A client asking only for another version (kubectl 1.27–1.29:
+    /// `v2beta1`) is answered the plain document, as a server would.
     pub const ACCEPT: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
     /// The media-type parameter that marks an aggregated answer.
     pub const MARK: &str = "as=APIGroupDiscoveryList";

@@ -13,6 +13,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
+use spinlink_kube_api::media::accepts;
 use tokio_util::sync::CancellationToken;
 
 use super::custom_table::any_table;
@@ -103,17 +104,6 @@ fn fixture(rel: &str, content_type: &str) -> Response<Body> {
         Some(b) => full(StatusCode::OK, content_type, Bytes::from_static(b)),
         None => status_response(&Status::no_route()),
     }
-}
-
-/// Whether `accept` lists a media type with all of `params`.
-fn accepts(accept: &str, essence: &str, params: &[&str]) -> bool {
-    accept.split(',').any(|media| {
-        let mut parts = media.split(';').map(str::trim);
-        parts.next() == Some(essence) && {
-            let rest: Vec<&str> = parts.collect();
-            params.iter().all(|p| rest.contains(p))
-        }
-    })
 }
 
 fn header_str(headers: &HeaderMap, name: header::HeaderName) -> &str {

@@ -34,9 +34,12 @@ pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response
     use spinlink_proto::aggregated;
     let cache = account.read_cache();
     let wants_aggregated = accept.contains(aggregated::MARK);
+    // Only in the version asked for, as the API server negotiates: kubectl
+    // 1.27–1.29 ask for `v2beta1` alone and must get the plain document.
     let aggregated_doc = wants_aggregated
         .then(|| cache.discovery(&format!("{path}{}", aggregated::PATH_SUFFIX)))
-        .flatten();
+        .flatten()
+        .filter(|doc| spinlink_kube_api::media::accepts_content_type(accept, &doc.content_type));
     let doc = match aggregated_doc {
         Some(doc) => doc,
         None => cache.discovery(path)?,
