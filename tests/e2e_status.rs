@@ -89,6 +89,8 @@ fn status_is_healthy_with_the_chain_up_and_not_once_the_agent_stops() {
     assert_eq!(account["name"], "prod", "{v}");
     assert_eq!(account["state"], "online", "{v}");
     assert_eq!(account["health"]["status"], "Ready", "{v}");
+    // The listing arrived as events, so the sidecar has applied some.
+    assert!(account["lastEvent"].is_string(), "{v}");
     assert_eq!(v["agents"][0]["identity"], dev_agent_identity("agent-1"));
 
     let yaml = status(sidecar.facade, &["-o", "yaml"]);

@@ -154,6 +154,7 @@ pub struct Account {
     pub kinds_synced: u64,
     pub kinds_total: u64,
     pub objects: u64,
+    pub last_event: Option<DateTime<Utc>>,
     pub discovery: bool,
     pub relay: bool,
     pub registration: Registration,
@@ -172,6 +173,7 @@ impl Default for Account {
             kinds_synced: 0,
             kinds_total: 0,
             objects: 0,
+            last_event: None,
             discovery: false,
             relay: false,
             registration: Registration::default(),
@@ -476,7 +478,8 @@ impl Sidecar {
     }
 }
 
-/// The table: one row per account, then one per agent. `wide` adds the
+/// The table: one row per account (`LAST-EVENT`: when the sidecar last
+/// applied a watch event from its agent), then one per agent. `wide` adds the
 /// relay, registration, API server and the last operation's hop times;
 /// `colour` paints the status column.
 pub fn render_table(snapshot: &Snapshot, wide: bool, now: DateTime<Utc>, colour: bool) -> String {
@@ -485,7 +488,15 @@ pub fn render_table(snapshot: &Snapshot, wide: bool, now: DateTime<Utc>, colour:
         out.push_str("No accounts.\n");
     } else {
         let mut header = vec![
-            "ACCOUNT", "STATUS", "AGENT", "SIDECAR", "KINDS", "OBJECTS", "OFFLINE", "LAST-OP",
+            "ACCOUNT",
+            "STATUS",
+            "AGENT",
+            "SIDECAR",
+            "KINDS",
+            "OBJECTS",
+            "LAST-EVENT",
+            "OFFLINE",
+            "LAST-OP",
         ];
         if wide {
             header.extend(["RELAY", "REGISTRATION", "API-SERVER", "HOPS"]);
@@ -499,6 +510,10 @@ pub fn render_table(snapshot: &Snapshot, wide: bool, now: DateTime<Utc>, colour:
                 Cell::plain(dash(&a.owner_instance)),
                 Cell::plain(format!("{}/{}", a.kinds_synced, a.kinds_total)),
                 Cell::plain(a.objects.to_string()),
+                Cell::plain(
+                    a.last_event
+                        .map_or_else(|| "-".into(), |t| format!("{} ago", age(t, now))),
+                ),
                 Cell::plain(
                     a.offline_seconds
                         .filter(|_| !a.online)

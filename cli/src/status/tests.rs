@@ -20,6 +20,7 @@ fn healthy() -> Value {
         "name": "prod", "state": "online", "ownerInstance": "s1",
         "agentIdentity": "spiffe://dev/agent/a1", "online": true, "cacheStreams": 1,
         "kindsSynced": 9, "kindsTotal": 9, "objects": 120, "discovery": true,
+        "lastEvent": "2026-01-01T11:58:00Z",
         "relay": true, "kinds": [], "registration": {"state": ""},
         "apiServer": {"reachable": true},
     })
@@ -63,9 +64,9 @@ fn snapshot() -> Snapshot {
 fn the_table_has_a_row_per_account_and_per_agent_in_aligned_columns() {
     let table = render_table(&snapshot(), false, now(), false);
     let expected = "\
-ACCOUNT   STATUS   AGENT                   SIDECAR   KINDS   OBJECTS   OFFLINE   LAST-OP
-prod      Ready    spiffe://dev/agent/a1   s1        9/9     120       -         GET 200 12ms, 35s ago
-edge      Stale    spiffe://dev/agent/a2   s1        9/9     7         3m20s     -
+ACCOUNT   STATUS   AGENT                   SIDECAR   KINDS   OBJECTS   LAST-EVENT   OFFLINE   LAST-OP
+prod      Ready    spiffe://dev/agent/a1   s1        9/9     120       2m0s ago     -         GET 200 12ms, 35s ago
+edge      Stale    spiffe://dev/agent/a2   s1        9/9     7         -            3m20s     -
 
 AGENT                   ONLINE   ACCOUNTS
 spiffe://dev/agent/a1   1/1      prod
