@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_STATE_DIR: &str = ".spinlink/dev";
 /// The agent id of the development agent.
 pub const DEV_AGENT_ID: &str = "dev-agent";
+/// Where the sidecar's facade (kubectl's address, and the accounts API
+/// `spinlink status` reads) listens by default.
+pub const DEFAULT_FACADE_LISTEN: &str = "127.0.0.1:7002";
 /// How long to wait for the account to be cached before giving up.
 pub const DEFAULT_READY_TIMEOUT_SECS: u64 = 120;
 
@@ -42,7 +45,7 @@ pub struct DevArgs {
     #[arg(long, default_value = "127.0.0.1:7443")]
     gateway_listen: SocketAddr,
     /// Address of the sidecar's Kubernetes API facade (what kubectl talks to).
-    #[arg(long, default_value = "127.0.0.1:7002")]
+    #[arg(long, default_value = DEFAULT_FACADE_LISTEN)]
     facade_listen: SocketAddr,
     /// Address of the simulated cluster, when one is started.
     #[arg(long, default_value = "127.0.0.1:0")]

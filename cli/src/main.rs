@@ -6,6 +6,7 @@
 
 mod dev;
 mod signal;
+mod status;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -90,6 +91,9 @@ enum Command {
     /// Run kube-sim, sidecar, gateway and agent together with mTLS on, and
     /// write a kubeconfig that reaches the cluster through the whole chain.
     Dev(dev::DevArgs),
+    /// Show every account and agent a sidecar knows, kubectl-style; exits
+    /// non-zero when any account is unhealthy.
+    Status(status::StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,14 +149,19 @@ struct KubeSimArgs {
     watch_history: usize,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(run(cli.command))
+    // `status` says how things stand with its exit code, not an error.
+    if let Command::Status(args) = cli.command {
+        return Ok(runtime.block_on(status::run(args)));
+    }
+    runtime.block_on(run(cli.command))?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn init_tracing() {
@@ -284,6 +293,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             drain(server.run(shutdown.clone()), &shutdown).await
         }
         Command::Dev(args) => dev::run(args, shutdown).await,
+        Command::Status(_) => unreachable!("handled in main"),
         Command::Nginx(NginxCommand::Convert { file, lenient }) => {
             print!("{}", nginx_to_gateway_yaml(&file, lenient)?);
             Ok(())

@@ -10,7 +10,7 @@ pub mod journal;
 pub mod lifecycle;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 // tokio's clock, so tests can run grace periods under `tokio::time::pause`.
 use tokio::time::Instant;
@@ -152,6 +152,10 @@ pub struct AccountStatus {
     pub kinds_total: usize,
     /// Objects cached.
     pub objects: usize,
+    /// When this sidecar last applied a watch event (an object added,
+    /// changed or deleted) from its agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_event: Option<DateTime<Utc>>,
     /// Discovery documents are held.
     pub discovery: bool,
     /// A relay stream is attached.
@@ -327,6 +331,9 @@ pub struct Account {
     pub cache: RwLock<Cache>,
     state: Mutex<State>,
     next_request_id: AtomicU64,
+    /// When the last watch event was applied (Unix milliseconds, 0 before
+    /// any): an atomic, not in `state`, as it is written on every event.
+    last_event_millis: AtomicI64,
     changes: watch::Sender<u64>,
     journal: Option<Journal>,
 }
@@ -397,6 +404,7 @@ impl Account {
                 scope: NamespaceScope::default(),
             }),
             next_request_id: AtomicU64::new(1),
+            last_event_millis: AtomicI64::new(0),
             changes,
             journal,
         }
@@ -743,6 +751,7 @@ impl Account {
             kinds_synced,
             kinds_total,
             objects,
+            last_event: self.last_event(),
             discovery: cache.has_discovery(),
             relay,
             kinds,
@@ -752,6 +761,20 @@ impl Account {
                 unreachable_since: api_down.as_ref().map(|(since, _)| *since),
                 last_error: api_down.map(|(_, e)| e),
             },
+        }
+    }
+
+    /// Notes that a watch event from its agent was applied now.
+    pub fn event_applied(&self) {
+        self.last_event_millis
+            .store(Utc::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// When a watch event from its agent was last applied, if any was.
+    pub fn last_event(&self) -> Option<DateTime<Utc>> {
+        match self.last_event_millis.load(Ordering::Relaxed) {
+            0 => None,
+            millis => DateTime::from_timestamp_millis(millis),
         }
     }
 
@@ -995,6 +1018,17 @@ mod tests {
     use proptest::prelude::*;
     use std::time::Duration;
 
+    #[test]
+    fn the_last_applied_event_is_shown_once_there_is_one() {
+        let accounts = Accounts::new();
+        let a = accounts.get_or_create("a");
+        assert_eq!(accounts.status("a").unwrap().last_event, None);
+        let before = Utc::now() - chrono::TimeDelta::milliseconds(1);
+        a.event_applied();
+        let shown = accounts.status("a").unwrap().last_event.unwrap();
+        assert!(shown >= before && shown <= Utc::now(), "{shown}");
+    }
+
     fn at(micros: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_micros(1_700_000_000_000_000 + micros).unwrap()
     }
@@ -1186,6 +1220,7 @@ mod tests {
             kinds_synced: 2,
             kinds_total: 2,
             objects: 0,
+            last_event: None,
             discovery: true,
             relay: true,
             kinds: Vec::new(),

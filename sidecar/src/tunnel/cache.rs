@@ -66,7 +66,10 @@ pub fn apply(account: &Account, msg: cache_up::Msg) {
             }
         }
         cache_up::Msg::Event(ev) => match account.write_cache().apply(&ev) {
-            Ok(Applied::Upserted | Applied::Deleted | Applied::Unchanged | Applied::Bookmark) => {}
+            Ok(Applied::Upserted | Applied::Deleted | Applied::Unchanged) => {
+                account.event_applied()
+            }
+            Ok(Applied::Bookmark) => {}
             Err(e) => {
                 tracing::warn!(account = account.name(), error = %e, "watch event ignored");
             }
