@@ -131,12 +131,9 @@ impl Store {
         // postgres://user@host:port/database: the schema is what SharedStore
         // makes; the sidecars reach the server through the database pod.
         let shared = SharedStore::new(dir, prefix);
-        let schema_url = shared.url("x");
-        let schema = schema_url
-            .split("search_path%3D")
-            .nth(1)
-            .and_then(|s| s.split('&').next())
-            .expect("a schema in the store URL")
+        let schema = shared
+            .schema_name()
+            .expect("a schema on PostgreSQL")
             .to_owned();
         let rest = url
             .strip_prefix("postgres://")
@@ -313,7 +310,7 @@ impl Deployment {
             let s = d.start_sidecar();
             d.sidecars.push(s);
         }
-        d.publish_endpoints(&[]);
+        d.publish_endpoints(None);
         let replicas = chart::find(&d.objects, "Deployment", &format!("{FULLNAME}-gateway"))
             ["spec"]["replicas"]
             .as_u64()
@@ -438,18 +435,19 @@ impl Deployment {
     }
 
     /// The EndpointSlice controller: every running sidecar pod ready, and
-    /// `terminating` ones serving but not ready (as a pod being deleted is).
-    fn publish_endpoints(&self, terminating: &[&Pod]) {
+    /// a `terminating` one serving but not ready (as a pod being deleted is).
+    fn publish_endpoints(&self, terminating: Option<&Pod>) {
+        let endpoint = |pod: &Pod, t: bool| {
+            json!({"addresses": [pod.ip.to_string()],
+                   "conditions": {"ready": !t, "serving": true, "terminating": t},
+                   "targetRef": {"kind": "Pod", "name": pod.name, "namespace": NAMESPACE}})
+        };
         let mut endpoints: Vec<Value> = self
             .sidecars
             .iter()
             .filter(|s| s.proc.is_some())
-            .map(|s| {
-                let t = terminating.iter().any(|p| p.ns == s.pod.ns);
-                json!({"addresses": [s.pod.ip.to_string()],
-                       "conditions": {"ready": !t, "serving": true, "terminating": t},
-                       "targetRef": {"kind": "Pod", "name": s.pod.name, "namespace": NAMESPACE}})
-            })
+            .map(|s| endpoint(&s.pod, false))
+            .chain(terminating.map(|p| endpoint(p, true)))
             .collect();
         endpoints.sort_by_key(|e| e["addresses"][0].as_str().unwrap().to_owned());
         let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -464,17 +462,14 @@ impl Deployment {
         admin.ok_with_input(&["apply", "-f", "-"], Some(&slice.to_string()));
     }
 
+    /// The NLB's targets: port 443 forwarded to each running gateway pod's
+    /// tunnel port.
     fn set_nlb_targets(&self) {
         let targets: Vec<SocketAddr> = self
             .gateways
             .iter()
             .filter(|g| g.proc.is_some())
-            .map(|g| (g.pod.ip, 443).into())
-            .collect();
-        // The NLB forwards its port 443 to each gateway pod's tunnel port.
-        let targets: Vec<SocketAddr> = targets
-            .into_iter()
-            .map(|a| SocketAddr::new(a.ip(), GATEWAY_PORT))
+            .map(|g| (g.pod.ip, GATEWAY_PORT).into())
             .collect();
         self.nlb.set_backends(&targets);
     }
@@ -543,22 +538,17 @@ impl Deployment {
         if crash {
             self.sidecars[i].kill();
             self.sidecars[i].proc = None;
-            self.publish_endpoints(&[]);
+            self.publish_endpoints(None);
         }
         let new = self.start_sidecar();
-        let old = std::mem::replace(&mut self.sidecars[i], new);
-        let mut old = old;
+        let mut old = std::mem::replace(&mut self.sidecars[i], new);
         if !crash {
             // Both in the slice, the old one terminating, then SIGTERM.
-            self.sidecars.push(old);
-            let last = self.sidecars.len() - 1;
-            let terminating = self.sidecars[last].pod.clone();
-            self.publish_endpoints(&[&terminating]);
-            self.sidecars[last].terminate();
-            old = self.sidecars.pop().unwrap();
+            self.publish_endpoints(Some(&old.pod));
+            old.terminate();
         }
         old.proc = None;
-        self.publish_endpoints(&[]);
+        self.publish_endpoints(None);
         self.network.delete(&old.pod);
     }
 

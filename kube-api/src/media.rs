@@ -30,7 +30,11 @@ mod tests {
     #[test]
     fn a_media_range_matches_with_every_parameter() {
         let v2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-        // What kubectl 1.30+ sends, and what 1.27–1.29 send.
+        // The answer's media type as the real server wrote it
+        // (../shared/kube-fixtures/errors/requests.json, `Content-Type` of
+        // the aggregated `/api`); the Accept headers are those kubectl 1.33
+        // and 1.27 send, which tests/e2e_kubectl.rs checks end to end by
+        // running every kubectl 1.27–1.33 through the facade.
         let new = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         let old = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         assert!(accepts_content_type(new, v2));

@@ -40,6 +40,11 @@ impl SharedStore {
         }
     }
 
+    /// The PostgreSQL schema of this test, if on PostgreSQL.
+    pub fn schema_name(&self) -> Option<&str> {
+        self.schema.as_ref().map(|(_, schema)| schema.name())
+    }
+
     /// Whether it is PostgreSQL.
     pub fn postgres(&self) -> bool {
         self.schema.is_some()
