@@ -132,6 +132,48 @@ impl Status {
         )
     }
 
+    /// 403 as RBAC refuses a request: `configmaps "x" is forbidden: User "u"
+    /// cannot get resource "configmaps" in API group "" in the namespace "n"`
+    /// (`at the cluster scope` without a namespace; the subresource joins the
+    /// resource as `deployments/scale`).
+    pub fn forbidden(
+        res: Resource<'_>,
+        name: Option<&str>,
+        subresource: Option<&str>,
+        user: &str,
+        verb: &str,
+        namespace: Option<&str>,
+    ) -> Self {
+        let object = match name {
+            Some(name) => format!("{} \"{name}\"", res.qualified()),
+            None => res.qualified(),
+        };
+        let resource = match subresource {
+            Some(sub) => format!("{}/{sub}", res.plural),
+            None => res.plural.to_string(),
+        };
+        let scope = match namespace {
+            Some(ns) if !ns.is_empty() => format!("in the namespace \"{ns}\""),
+            _ => "at the cluster scope".to_string(),
+        };
+        let details = StatusDetails {
+            name: name.map(str::to_string),
+            group: (!res.group.is_empty()).then(|| res.group.to_string()),
+            kind: Some(res.plural.to_string()),
+            ..Default::default()
+        };
+        Self::failure(
+            403,
+            "Forbidden",
+            format!(
+                "{object} is forbidden: User \"{user}\" cannot {verb} resource \"{resource}\" \
+                 in API group \"{}\" {scope}",
+                res.group
+            ),
+            Some(details),
+        )
+    }
+
     /// 409 `configmaps "x" already exists`.
     pub fn already_exists(res: Resource<'_>, name: &str) -> Self {
         Self::failure(
@@ -353,6 +395,93 @@ mod tests {
                 "code"
             ]
         );
+    }
+
+    #[test]
+    fn forbidden_matches_the_real_server() {
+        let user = "system:serviceaccount:fx-a:narrow";
+        let cm = res("", "configmaps");
+        let cases = [
+            (
+                "403-get.json",
+                cm,
+                Some("settings"),
+                None,
+                "get",
+                Some("fx-b"),
+            ),
+            (
+                "403-list-namespaced.json",
+                cm,
+                None,
+                None,
+                "list",
+                Some("fx-b"),
+            ),
+            ("403-list-all-namespaces.json", cm, None, None, "list", None),
+            ("403-watch.json", cm, None, None, "watch", Some("fx-b")),
+            ("403-create.json", cm, None, None, "create", Some("fx-a")),
+            (
+                "403-patch.json",
+                cm,
+                Some("settings"),
+                None,
+                "patch",
+                Some("fx-a"),
+            ),
+            (
+                "403-delete.json",
+                cm,
+                Some("settings"),
+                None,
+                "delete",
+                Some("fx-a"),
+            ),
+            (
+                "403-delete-collection.json",
+                cm,
+                None,
+                None,
+                "deletecollection",
+                Some("fx-a"),
+            ),
+            (
+                "403-list-cluster-scoped.json",
+                res("", "namespaces"),
+                None,
+                None,
+                "list",
+                None,
+            ),
+            (
+                "403-get-cluster-scoped.json",
+                res("", "nodes"),
+                Some("fx-node-1"),
+                None,
+                "get",
+                None,
+            ),
+            (
+                "403-get-subresource.json",
+                res("apps", "deployments"),
+                Some("web"),
+                Some("scale"),
+                "get",
+                Some("fx-a"),
+            ),
+            (
+                "403-list-customresource.json",
+                res("fx.example.com", "gadgets"),
+                None,
+                None,
+                "list",
+                Some("fx-a"),
+            ),
+        ];
+        for (file, r, name, sub, verb, ns) in cases {
+            let got = Status::forbidden(r, name, sub, user, verb, ns).to_value();
+            assert_eq!(got, fixture(file), "{file}");
+        }
     }
 
     #[test]

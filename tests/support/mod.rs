@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod balancer;
+pub mod chain;
 pub mod chart;
 pub mod netns;
 pub mod scale;

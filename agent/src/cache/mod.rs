@@ -96,6 +96,10 @@ pub async fn run(
             ca_fingerprint: cluster.ca_fingerprint.clone(),
             namespaces: cluster.filter.namespaces.clone(),
             omit_namespaces: cluster.filter.omit_namespaces.clone(),
+            reads_as: cluster.impersonate.as_ref().map(|imp| v1::Identity {
+                user: imp.0.clone(),
+                groups: imp.1.clone(),
+            }),
         })),
     };
     // The request body is polled by the connection, not by this future:

@@ -2,6 +2,7 @@
 //! port. Requests flow `Server::run` → connection → [`router`] (path → discovery,
 //! OpenAPI or resource handlers) → [`watch`] for streaming watches.
 
+mod authz;
 mod custom_table;
 pub(crate) mod discovery;
 pub use discovery::derived_group_version;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use spinlink_kube_api::media::accepts;
 use tokio_util::sync::CancellationToken;
 
+use super::authz;
 use super::custom_table::any_table;
 use super::discovery;
 use super::logs::{self, LogOptions};
@@ -165,6 +166,10 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
     if !ctx.sim.authenticates(authorization) {
         return status_response(&Status::new(401, "Unauthorized", "Unauthorized"));
     }
+    let user = match authz::requester(&parts.headers) {
+        Ok(user) => user,
+        Err(s) => return status_response(&s),
+    };
     let is_get = parts.method == Method::GET;
     match segs.as_slice() {
         ["version"] if is_get => version(&ctx.sim),
@@ -201,10 +206,13 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
             None => status_response(&Status::no_route()),
         },
         ["api", "v1", rest @ ..] => {
-            resource(&ctx, &parts, body, &query, &accept, "", "v1", rest).await
+            resource(&ctx, &user, &parts, body, &query, &accept, "", "v1", rest).await
         }
         ["apis", group, version, rest @ ..] => {
-            resource(&ctx, &parts, body, &query, &accept, group, version, rest).await
+            resource(
+                &ctx, &user, &parts, body, &query, &accept, group, version, rest,
+            )
+            .await
         }
         [] if is_get => json_response(
             StatusCode::OK,
@@ -397,6 +405,7 @@ fn protobuf_status(s: &Status) -> Response<Body> {
 #[allow(clippy::too_many_arguments)]
 async fn resource(
     ctx: &Ctx,
+    user: &authz::User,
     parts: &http::request::Parts,
     body: Incoming,
     query: &Query,
@@ -429,12 +438,51 @@ async fn resource(
         [plural, tail @ ..] => (None, plural, tail),
         [] => return status_response(&Status::no_route()),
     };
+    // Create-only, so not among the stored resources.
+    if (group, version, plural) == ("authorization.k8s.io", "v1", "selfsubjectaccessreviews")
+        && namespace.is_none()
+        && tail.is_empty()
+        && parts.method == Method::POST
+    {
+        let review = match read_body(body).await {
+            Ok(bytes) => serde_json::from_slice::<Value>(&bytes)
+                .map_err(|e| Status::bad_request(format!("the review is not JSON: {e}"))),
+            Err(s) => Err(s),
+        };
+        return match review {
+            Ok(review) => json_response(
+                StatusCode::CREATED,
+                &authz::self_subject_access_review(&ctx.sim, user, &review),
+            ),
+            Err(s) => status_response(&s),
+        };
+    }
     let Some(res) = ctx.sim.find_resource(group, version, plural) else {
         return status_response(&Status::no_route());
     };
     let encoding = negotiate(accept, res);
     if encoding == Encoding::None {
         return protobuf_status(&Status::not_acceptable());
+    }
+    let attrs = authz::Attributes {
+        verb: authz::verb(&parts.method, !tail.is_empty(), query.flag("watch")),
+        group,
+        resource: plural,
+        subresource: tail.get(1).copied(),
+        namespace,
+        name: tail.first().copied(),
+    };
+    if authz::decide(&ctx.sim, user, &attrs).is_none() {
+        let mut resp = status_response(&authz::forbidden(res, user, &attrs));
+        resp.headers_mut().insert(
+            "x-content-type-options",
+            http::HeaderValue::from_static("nosniff"),
+        );
+        return if encoding == Encoding::Protobuf {
+            into_protobuf(resp).await
+        } else {
+            resp
+        };
     }
     // Watches and logs stream as they are (client-go watches in JSON).
     let streams = query.flag("watch") || tail.get(1) == Some(&"log");

@@ -6,6 +6,7 @@
 //! store's [`journal`]. Start with [`Accounts`].
 
 pub mod api;
+pub mod authz;
 pub mod journal;
 pub mod lifecycle;
 
@@ -336,6 +337,9 @@ pub struct Account {
     last_event_millis: AtomicI64,
     changes: watch::Sender<u64>,
     journal: Option<Journal>,
+    /// Whether its reads are allowed, as the API server last said
+    /// ([`authz`]); apart from `state` so a review waits on neither.
+    decisions: Mutex<authz::Decisions>,
 }
 
 #[derive(Debug)]
@@ -363,6 +367,9 @@ struct State {
     registration: Registration,
     /// The namespaces its agent watches, as its last cache stream said.
     scope: NamespaceScope,
+    /// Whom its reads are authorized as, as its last cache stream said
+    /// (`None`: the agent's own identity, which filled the cache).
+    reads_as: Option<authz::ReadIdentity>,
     /// Since when its agent has not reached the cluster's API server, and
     /// why, as its last heartbeat said (`None` while it does).
     api_down: Option<(DateTime<Utc>, String)>,
@@ -375,6 +382,19 @@ pub struct NamespaceScope {
     pub namespaces: Vec<String>,
     /// All but these.
     pub omit_namespaces: Vec<String>,
+}
+
+impl NamespaceScope {
+    /// Whether the agent watches every namespace.
+    pub fn is_all(&self) -> bool {
+        self.namespaces.is_empty() && self.omit_namespaces.is_empty()
+    }
+
+    /// Whether the agent watches `namespace`.
+    pub fn covers(&self, namespace: &str) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
+            && !self.omit_namespaces.iter().any(|n| n == namespace)
+    }
 }
 
 /// Locks ignoring poisoning: every critical section leaves the state
@@ -402,11 +422,13 @@ impl Account {
                 registration: Registration::default(),
                 api_down: None,
                 scope: NamespaceScope::default(),
+                reads_as: None,
             }),
             next_request_id: AtomicU64::new(1),
             last_event_millis: AtomicI64::new(0),
             changes,
             journal,
+            decisions: Mutex::default(),
         }
     }
 
@@ -449,20 +471,45 @@ impl Account {
         held_by_another(&self.name, &lock(&self.state), identity)
     }
 
-    /// A cache stream from `identity` watching `scope` opens, unless the
-    /// account is held by another identity ([`Account::admits`]): the
-    /// account is online. The scope is set first, under the same lock:
-    /// opening wakes whoever registers the account, and the registration
-    /// carries it.
-    pub fn open_cache(&self, identity: &str, scope: NamespaceScope) -> Result<(), AccountHeld> {
+    /// A cache stream from `identity` watching `scope`, whose reads are
+    /// authorized as `reads_as`, opens, unless the account is held by
+    /// another identity ([`Account::admits`]): the account is online. The
+    /// scope is set first, under the same lock: opening wakes whoever
+    /// registers the account, and the registration carries it.
+    pub fn open_cache(
+        &self,
+        identity: &str,
+        scope: NamespaceScope,
+        reads_as: Option<authz::ReadIdentity>,
+    ) -> Result<(), AccountHeld> {
         {
             let mut s = lock(&self.state);
             held_by_another(&self.name, &s, identity)?;
             s.scope = scope;
+            if s.reads_as != reads_as {
+                lock(&self.decisions).clear();
+                s.reads_as = reads_as;
+            }
             opened(&mut s, identity);
         }
         self.changed();
         Ok(())
+    }
+
+    /// Whom its cached reads are authorized as (`None`: they need no
+    /// review; see [`authz`]).
+    pub fn reads_as(&self) -> Option<authz::ReadIdentity> {
+        lock(&self.state).reads_as.clone()
+    }
+
+    /// The API server's kept decision on `read`, if any ([`authz`]).
+    pub fn read_decision(&self, read: &authz::ReadAttributes) -> Option<bool> {
+        lock(&self.decisions).get(read, Instant::now())
+    }
+
+    /// Keeps the API server's decision on `read`.
+    pub fn keep_read_decision(&self, read: authz::ReadAttributes, allowed: bool) {
+        lock(&self.decisions).keep(read, allowed, Instant::now());
     }
 
     /// The namespaces its agent watches, from the newest cache stream's

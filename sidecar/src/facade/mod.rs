@@ -3,8 +3,10 @@
 //! (`/v1/accounts`). A request is answered, in this order, from the
 //! discovery snapshot ([`read::discovery`]), from the OpenAPI documents
 //! fetched through earlier ([`openapi`]), from the cache
-//! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]), or
-//! relayed live to the agent ([`relay`]); a relayed OpenAPI `200` is kept.
+//! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]) when
+//! it holds the whole answer and the account's identity may read it
+//! ([`authz`]), or relayed live to the agent ([`relay`]); a relayed OpenAPI
+//! `200` is kept.
 //! Every error is a `metav1.Status` from `spinlink-kube-api`, answered by
 //! [`body::status`].
 //!
@@ -14,6 +16,7 @@
 //! Status. A removed account is not found. `/metrics` serves the sidecar's
 //! Prometheus metrics.
 
+pub mod authz;
 pub mod body;
 pub mod openapi;
 pub mod read;
@@ -219,18 +222,36 @@ impl Facade {
             .then(|| openapi::Key::new(&k8s_path, req.uri().query(), &accept))
             .flatten();
         if req.method() == Method::GET {
+            let query = Query::parse(req.uri().query());
+            // A read of objects the cache may answer: it holds all of it,
+            // and the account's identity may make it ([`authz`]).
+            let cache_read = match &rp {
+                Some(rp) if openapi_key.is_none() => {
+                    let watch = route::watch_from_cache(req.method(), rp, &query);
+                    let read = watch || route::from_cache(req.method(), rp, &query, req.headers());
+                    (read && authz::covers(&account, rp)).then_some(watch)
+                }
+                _ => None,
+            };
+            // Owned, so nothing borrowed is held across the review's await.
+            let review = match (&rp, cache_read) {
+                (Some(rp), Some(_)) => Some(authz::attributes(rp, query.flag("watch"))),
+                _ => None,
+            };
+            let allowed = match review {
+                Some(read) => authz::allowed(&account, read, self.relay_timeout).await,
+                None => true,
+            };
+            let cache_read = cache_read.filter(|_| allowed);
             let cached = read::discovery(&account, &k8s_path, &accept).or_else(|| {
                 if let Some(key) = &openapi_key {
                     return openapi::serve(&self.openapi, &account, key, req.headers());
                 }
                 let rp = rp.as_ref()?;
-                let query = Query::parse(req.uri().query());
-                if route::watch_from_cache(req.method(), rp, &query) {
+                if cache_read? {
                     watch::serve(&account, rp, &query, &accept, &self.watch)
-                } else if route::from_cache(req.method(), rp, &query, req.headers()) {
-                    read::resource(&account, rp, &query, &accept)
                 } else {
-                    None
+                    read::resource(&account, rp, &query, &accept)
                 }
             });
             if let Some(mut resp) = cached {

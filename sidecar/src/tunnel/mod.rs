@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::accounts::authz::ReadIdentity;
 use crate::accounts::{AccountHeld, Accounts, NamespaceScope, Presence};
 use crate::handover::Handover;
 use crate::metrics::Metrics;
@@ -225,14 +226,18 @@ impl Tunnel for TunnelService {
         let (name, identity) = verified(request.metadata())?;
         let mut inbound = request.into_inner();
         let open = first(&mut inbound).await?;
-        let (fingerprint, scope) = match &open.msg {
+        let (fingerprint, scope, reads_as) = match &open.msg {
             Some(cache_up::Msg::Open(o)) => {
                 check_open(&o.account, &name)?;
                 let scope = NamespaceScope {
                     namespaces: o.namespaces.clone(),
                     omit_namespaces: o.omit_namespaces.clone(),
                 };
-                (o.ca_fingerprint.clone(), scope)
+                let reads_as = o.reads_as.as_ref().map(|id| ReadIdentity {
+                    user: id.user.clone(),
+                    groups: id.groups.clone(),
+                });
+                (o.ca_fingerprint.clone(), scope, reads_as)
             }
             _ => return Err(Status::invalid_argument("the first message must be open")),
         };
@@ -294,7 +299,7 @@ impl Tunnel for TunnelService {
         let first = account.presence() != Presence::Online;
         // Checked again: another identity's stream may have opened since.
         account
-            .open_cache(&identity, scope)
+            .open_cache(&identity, scope, reads_as)
             .map_err(|e| self.held("cache", &identity, e))?;
         let takeover = match (&self.handover, claimed) {
             (Some(handover), Some(previous)) if first => Some((handover.clone(), previous)),

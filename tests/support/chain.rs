@@ -1,0 +1,138 @@
+//! The whole chain as separate `spinlink` processes — a sidecar, a gateway
+//! and an agent — in front of a cluster, with the agent's accounts as a
+//! test writes them (impersonation, namespaces, relay policy).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use spinlink_tls::dev::{DevPki, dev_agent_identity};
+
+use super::{Kubectl, Proc, http, wait_for, write_file, write_kubeconfig};
+
+/// One account of the agent: its name and the YAML keys it has besides
+/// `name` and `kubeconfigFile`, one per line, unindented.
+pub struct AccountSpec<'a> {
+    pub name: &'a str,
+    pub yaml: &'a str,
+}
+
+/// The running chain.
+pub struct Chain {
+    pub sidecar: Proc,
+    pub gateway: Proc,
+    pub agent: Proc,
+    /// The sidecar's facade.
+    pub facade: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Chain {
+    /// Starts a sidecar (SQLite store, plaintext tunnel), a gateway that
+    /// lets the agent serve `accounts`, and the agent with them, all against
+    /// the cluster `kubeconfig` names; returns once every account is ready.
+    pub fn start(dir: &Path, kubeconfig: &Path, accounts: &[AccountSpec<'_>]) -> Chain {
+        let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
+        let p = |path: PathBuf| path.display().to_string();
+        let sidecar_cfg = write_file(
+            dir,
+            "sidecar.yaml",
+            &format!(
+                "instanceId: chain-sidecar\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
+                 facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n",
+                dir.join("sidecar.db").display()
+            ),
+        );
+        let mut sidecar = Proc::start("sidecar", dir, &["sidecar", "--config", &sidecar_cfg]);
+        let tunnel = sidecar.listening("sidecar-tunnel");
+        let facade = sidecar.listening("sidecar-facade");
+
+        let names: Vec<&str> = accounts.iter().map(|a| a.name).collect();
+        let gateway_cfg = write_file(
+            dir,
+            "gateway.yaml",
+            &format!(
+                "gatewayId: chain-gateway\nlisten: 127.0.0.1:0\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
+                 policy:\n- identities: [\"{}\"]\n  accounts: [{}]\n\
+                 upstreams:\n- url: http://{tunnel}\n",
+                p(pki.cert("gateway")),
+                p(pki.key("gateway")),
+                p(pki.ca_cert()),
+                dev_agent_identity("agent-1"),
+                names.join(", "),
+            ),
+        );
+        let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
+        let gateway_addr = gateway.listening("gateway");
+
+        let accounts_yaml: String = accounts
+            .iter()
+            .map(|a| {
+                let extra: String = a.yaml.lines().map(|l| format!("    {l}\n")).collect();
+                format!(
+                    "  - name: {}\n    kubeconfigFile: {}\n{extra}",
+                    a.name,
+                    kubeconfig.display()
+                )
+            })
+            .collect();
+        let agent_cfg = write_file(
+            dir,
+            "agent.yaml",
+            &format!(
+                "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
+                 kubernetes:\n  accounts:\n{accounts_yaml}",
+                gateway_addr.port(),
+                p(pki.ca_cert()),
+                p(pki.cert("agent-agent-1")),
+                p(pki.key("agent-agent-1")),
+            ),
+        );
+        let agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+        let chain = Chain {
+            sidecar,
+            gateway,
+            agent,
+            facade,
+            dir: dir.to_owned(),
+        };
+        for name in names {
+            chain.wait_ready(name);
+        }
+        chain
+    }
+
+    /// Waits until `account` is online, its kinds synced, its relay attached.
+    pub fn wait_ready(&self, account: &str) {
+        wait_for(&format!("account {account} to be ready"), || {
+            let (status, body) = http(self.facade, "GET", &format!("/v1/accounts/{account}"), &[]);
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let ready = status == 200
+                && v["online"] == true
+                && v["relay"] == true
+                && v["discovery"] == true
+                && v["kindsTotal"].as_u64().unwrap_or(0) > 0
+                && v["kindsSynced"] == v["kindsTotal"];
+            ready.then_some(())
+        });
+    }
+
+    /// kubectl through the facade, as `account`.
+    pub fn kubectl(&self, account: &str) -> Kubectl {
+        let kubeconfig = self.dir.join(format!("{account}.kubeconfig"));
+        write_kubeconfig(
+            &kubeconfig,
+            &format!("http://{}/accounts/{account}", self.facade),
+        );
+        Kubectl::new(&self.dir, &format!("via-{account}"), &kubeconfig)
+    }
+
+    /// A GET of `path` (a Kubernetes path) through the facade as `account`.
+    pub fn get(&self, account: &str, path: &str) -> (u16, String) {
+        http(
+            self.facade,
+            "GET",
+            &format!("/accounts/{account}{path}"),
+            &[],
+        )
+    }
+}
