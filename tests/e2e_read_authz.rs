@@ -185,7 +185,7 @@ fn cached_reads_are_authorized_as_the_impersonated_identity() {
 #[test]
 fn reads_outside_the_cached_namespaces_are_answered_as_the_api_server_answers() {
     let tmp = tempfile::tempdir().unwrap();
-    let (_sim, direct, chain, scoped) = start(tmp.path(), "scoped", "namespaces: [fx-a]");
+    let (_sim, direct, _chain, scoped) = start(tmp.path(), "scoped", "namespaces: [fx-a]");
     for args in [
         &["get", "cm", "-n", "fx-b", "-o", "name"][..],
         &["get", "cm", "settings", "-n", "fx-b", "-o", "name"],
