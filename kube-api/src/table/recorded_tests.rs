@@ -245,21 +245,10 @@ fn pods_with_their_recorded_objects_match() {
     assert_eq!(got["rows"], want["rows"]);
 }
 
-/// The gadgets CRD as the recording shows it: each column's JSONPath is the
-/// one its recorded default description names; Color and Owner, which carry
-/// their own descriptions, read the spec fields of those names.
+/// The gadgets CRD's columns, as reconstructed from the recording (see the
+/// fixtures' README).
 fn gadget_columns() -> Vec<PrinterColumn> {
-    let crd_version = json!({"name": "v1", "additionalPrinterColumns": [
-        {"name": "Color", "type": "string", "jsonPath": ".spec.color", "description": "Paint colour of the gadget"},
-        {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
-        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Ready", "type": "boolean", "jsonPath": ".status.ready"},
-        {"name": "Built", "type": "date", "jsonPath": ".status.builtAt"},
-        {"name": "Ratio", "type": "number", "jsonPath": ".spec.ratio", "priority": 1},
-        {"name": "Owner", "type": "string", "jsonPath": ".spec.owner", "priority": 1, "description": "Team that owns the gadget"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]});
-    PrinterColumn::of_crd(&json!({"spec": {"versions": [crd_version]}}), "v1").unwrap()
+    PrinterColumn::of_crd(&fixture("gadgets.crd.reconstructed.json"), "v1").unwrap()
 }
 
 #[test]
