@@ -16,6 +16,7 @@
 
 pub mod body;
 pub mod openapi;
+pub mod printer;
 pub mod read;
 pub mod relay;
 pub mod route;
