@@ -1,10 +1,18 @@
 //! Removing Secret values before anything leaves the agent.
 //!
-//! A Secret's `data` and `stringData` never cross the tunnel: not in cached
-//! objects, not in relayed responses (get, list, table, watch). Values are
-//! never even allocated: [`Scrubbed`] parses JSON with a visitor that skips
-//! them ([`serde::de::IgnoredAny`]), for watched Secrets and for relayed
-//! responses alike.
+//! A Secret's values never cross the tunnel: not in cached objects, not in
+//! relayed responses (get, list, table, watch). Values are never even
+//! allocated: [`Scrubbed`] parses JSON with a visitor that skips them, for
+//! watched Secrets and for relayed responses alike.
+//!
+//! Each key of `data` is kept, its value replaced by as many [`FILLER`] bytes
+//! as the value decodes to (in base64, as `data` is written): `kubectl get
+//! secret` counts the keys (its DATA column) and `kubectl describe secret`
+//! prints `key: N bytes` from the decoded length of each value it GETs, so the
+//! facade can answer both exactly while no byte of a value leaves the
+//! cluster, only its length, which `describe` shows anyway. The filler costs
+//! as many bytes as the values did; `stringData`, which the API server never
+//! returns, is dropped.
 //!
 //! The `kubectl.kubernetes.io/last-applied-configuration` annotation holds a
 //! copy of the whole applied Secret, values included. It is kept, with every
@@ -19,6 +27,9 @@ use serde_json::{Map, Value};
 
 /// Keys of a Secret that hold values.
 pub const SECRET_VALUE_KEYS: [&str; 2] = ["data", "stringData"];
+/// The byte each value of a Secret's `data` is made of once scrubbed,
+/// repeated to the value's decoded length.
+pub const FILLER: u8 = b'*';
 /// The annotation in which `kubectl apply` keeps a copy of the object.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// What each value of a Secret's last-applied configuration becomes: the
@@ -45,9 +56,10 @@ pub enum Error {
 /// Result with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A JSON value parsed with every Secret value left out: the values of
-/// `data` and `stringData` are skipped by the parser ([`IgnoredAny`]) and never
-/// allocated, and so is the last-applied annotation in `metadata`.
+/// A JSON value parsed with every Secret value left out: each value of
+/// `data` is measured and replaced by [`FILLER`] bytes of its decoded length,
+/// `stringData` is skipped ([`IgnoredAny`]), neither is allocated, and the
+/// last-applied annotation in `metadata` keeps only placeholders.
 ///
 /// The same rules hold at every level where a Secret can sit in a response:
 /// the value itself (a Secret), `items[]` (a SecretList), `rows[]` and
@@ -110,6 +122,10 @@ impl<'de> Visitor<'de> for ScrubVisitor {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
+                "data" => {
+                    let Filled(v) = map.next_value()?;
+                    out.insert(key, v);
+                }
                 k if SECRET_VALUE_KEYS.contains(&k) => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -128,6 +144,85 @@ impl<'de> Visitor<'de> for ScrubVisitor {
         }
         Ok(Value::Object(out))
     }
+}
+
+/// A Secret's `data` with each value replaced by [`filler`] of its decoded
+/// length (`null` stays `null`).
+struct Filled(Value);
+
+impl<'de> Deserialize<'de> for Filled {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of Secret values")
+            }
+            fn visit_unit<E>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+                let mut out = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let DecodedLen(n) = map.next_value()?;
+                    out.insert(key, Value::String(filler(n)));
+                }
+                Ok(Value::Object(out))
+            }
+        }
+        deserializer.deserialize_any(V).map(Filled)
+    }
+}
+
+/// How many bytes a base64 value decodes to, read without keeping it.
+struct DecodedLen(usize);
+
+impl<'de> Deserialize<'de> for DecodedLen {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a base64 Secret value")
+            }
+            fn visit_unit<E>(self) -> Result<usize, E> {
+                Ok(0)
+            }
+            fn visit_str<E>(self, v: &str) -> Result<usize, E> {
+                Ok(decoded_len(v))
+            }
+            fn visit_string<E>(self, mut v: String) -> Result<usize, E> {
+                let n = decoded_len(&v);
+                zeroize::Zeroize::zeroize(&mut v);
+                Ok(n)
+            }
+        }
+        deserializer.deserialize_str(V).map(DecodedLen)
+    }
+}
+
+/// The decoded length of standard base64 `v` (padded, as the API server
+/// writes it; unpadded text counts its whole groups of 6 bits).
+pub fn decoded_len(v: &str) -> usize {
+    let len = v.len();
+    if len.is_multiple_of(4) {
+        let pad = v.bytes().rev().take_while(|b| *b == b'=').count().min(2);
+        (len / 4 * 3).saturating_sub(pad)
+    } else {
+        len * 3 / 4
+    }
+}
+
+/// The base64 of `n` [`FILLER`] bytes, written without allocating them.
+pub fn filler(n: usize) -> String {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let group = engine.encode([FILLER; 3]);
+    let mut out = group.repeat(n / 3);
+    if !n.is_multiple_of(3) {
+        out.push_str(&engine.encode(&[FILLER; 2][..n % 3]));
+    }
+    out
 }
 
 /// `metadata` with the last-applied annotation skipped.
@@ -360,9 +455,9 @@ fn scrub_line(line: &[u8], out: &mut Vec<u8>) -> Result<()> {
 
 /// Fuzz target body: any bytes from a secrets path, whole or as a watch
 /// stream in two chunks, are scrubbed or refused without a panic; what is
-/// scrubbed holds no `data` or `stringData` at any level a Secret can sit
-/// (the value, `items[]`, `rows[]`, `object`), and its last-applied copy
-/// holds only placeholders.
+/// scrubbed holds no value in `data` (only [`FILLER`]) and no `stringData`
+/// at any level a Secret can sit (the value, `items[]`, `rows[]`, `object`),
+/// and its last-applied copy holds only placeholders.
 pub fn fuzz_scrub(data: &[u8]) {
     if let Ok(out) = scrub_secret_body(data)
         && let Ok(v) = serde_json::from_slice::<Value>(&out)
@@ -386,8 +481,13 @@ fn assert_scrubbed(v: &Value) {
     match v {
         Value::Array(items) => items.iter().for_each(assert_scrubbed),
         Value::Object(o) => {
-            for key in SECRET_VALUE_KEYS {
-                assert!(!o.contains_key(key), "{key} survived: {v}");
+            assert!(!o.contains_key("stringData"), "stringData survived: {v}");
+            if let Some(data) = o.get("data").filter(|d| !d.is_null()) {
+                let data = data.as_object().expect("data is a map");
+                for value in data.values() {
+                    let text = value.as_str().expect("a filler string");
+                    assert_eq!(text, filler(decoded_len(text)), "a value survived: {v}");
+                }
             }
             if let Some(Value::String(applied)) = o
                 .get("metadata")
@@ -444,7 +544,8 @@ mod tests {
     fn secret_object_loses_values_keeps_the_rest() {
         let raw = serde_json::to_vec(&secret("a")).unwrap();
         let Scrubbed(s) = serde_json::from_slice(&raw).unwrap();
-        assert!(s.get("data").is_none());
+        // "sentinel-value": 14 bytes, each now a filler byte.
+        assert_eq!(s["data"], json!({"k": "KioqKioqKioqKioqKio="}));
         assert!(s.get("stringData").is_none());
         assert_eq!(s["metadata"]["annotations"]["keep"], "me");
         // The last-applied copy keeps its keys, for kubectl apply.
@@ -457,6 +558,64 @@ mod tests {
         assert_eq!(applied, json!({"data": {"k": WITHHELD}}));
         assert_eq!(s["type"], "Opaque");
         assert!(!contains_sentinel(&serde_json::to_vec(&s).unwrap()));
+    }
+
+    /// What `kubectl describe secret` prints for each key: the length of the
+    /// base64-decoded value.
+    fn sizes(secret: &Value) -> Vec<(String, usize)> {
+        use base64::Engine as _;
+        secret["data"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(v.as_str().unwrap())
+                    .unwrap();
+                (k.clone(), bytes.len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn recorded_secrets_keep_their_keys_and_sizes_not_their_values() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../kube-sim/fixtures/objects/secrets.list.json"
+        );
+        let raw = std::fs::read(path).unwrap();
+        let recorded: Value = serde_json::from_slice(&raw).unwrap();
+        let scrubbed: Value = serde_json::from_slice(&scrub_secret_body(&raw).unwrap()).unwrap();
+        let items = recorded["items"].as_array().unwrap();
+        assert!(!items.is_empty());
+        for (want, got) in items.iter().zip(scrubbed["items"].as_array().unwrap()) {
+            // Keys and decoded sizes as the real server answered them (the
+            // DATA column and `describe`'s `key: N bytes`)...
+            assert_eq!(sizes(got), sizes(want), "{}", want["metadata"]["name"]);
+            // ...with no byte of any value.
+            let out = serde_json::to_string(got).unwrap();
+            for v in want["data"].as_object().unwrap().values() {
+                assert!(!out.contains(v.as_str().unwrap()), "{out}");
+            }
+            for v in got["data"].as_object().unwrap().values() {
+                assert_eq!(
+                    v.as_str().unwrap(),
+                    filler(decoded_len(v.as_str().unwrap()))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fillers_have_the_decoded_length() {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        for n in 0..10 {
+            let value = engine.encode(vec![7u8; n]);
+            assert_eq!(decoded_len(&value), n, "{value}");
+            let f = filler(n);
+            assert_eq!(engine.decode(&f).unwrap(), vec![FILLER; n]);
+        }
     }
 
     #[test]

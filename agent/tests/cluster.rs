@@ -354,7 +354,11 @@ async fn sync_events_relay_and_no_secret_values() {
         assert_eq!(status, Some(200));
         let obj: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(obj["metadata"]["name"], "sentinel");
-        assert!(obj.get("data").is_none());
+        // The key is kept, its value a filler of the value's length.
+        assert_eq!(
+            obj["data"],
+            json!({"k": spinlink_agent::scrub::filler(SENTINEL.len())})
+        );
         let (_, body, _) = response(r, 3);
         let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert!(list["items"].as_array().unwrap().len() >= 3, "{list}");

@@ -55,22 +55,9 @@ pub struct CustomResource {
     pub scale_paths: Option<(String, String, Option<String>)>,
 }
 
-/// One `additionalPrinterColumns` entry of a CRD version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrinterColumn {
-    /// Column header.
-    pub name: String,
-    /// OpenAPI type (`string`, `integer`, `date`, ...).
-    pub type_: String,
-    /// OpenAPI format.
-    pub format: String,
-    /// Column description.
-    pub description: String,
-    /// 0 is shown by default, higher only with `-o wide`.
-    pub priority: i64,
-    /// Simple JSON path of the value, e.g. `.spec.cronSpec`.
-    pub json_path: String,
-}
+/// One `additionalPrinterColumns` entry of a CRD version (shared with the
+/// sidecar, which prints custom resources from its cache the same way).
+pub use crate::table::PrinterColumn;
 
 impl ResourceInfo {
     /// `plural` or `plural.group`, as error messages name the resource.

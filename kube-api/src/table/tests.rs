@@ -180,7 +180,7 @@ fn every_kind_has_as_many_cells_as_columns() {
 fn deployment_and_service_cells() {
     let list = fixture("deployments.list.json");
     let d = &list["items"][0];
-    let c = cells("deployments", d, now());
+    let c = cells(res("deployments"), d, now());
     assert_eq!(c[0], "web");
     assert_eq!(c[1], "0/2");
     assert_eq!(c[2], 2);
@@ -248,7 +248,7 @@ fn services_and_events_print_as_the_server_does() {
     let ext = json!({"metadata": {"name": "s"}, "spec": {"type": "ExternalName", "externalName": "db.example.com"}});
     assert_eq!(service_external_ip(&ext), "db.example.com");
     let svc = json!({"metadata": {"name": "s"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}});
-    let c = cells("services", &svc, now());
+    let c = cells(res("services"), &svc, now());
     assert_eq!(c[1], "ClusterIP");
     assert_eq!(c[4], "80/TCP");
     assert_eq!(c[6], "app=web");

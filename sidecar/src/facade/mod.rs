@@ -19,6 +19,7 @@
 pub mod authz;
 pub mod body;
 pub mod openapi;
+pub mod printer;
 pub mod read;
 pub mod relay;
 pub mod route;

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::body::{self, Body, full};
+use super::printer;
 use super::route::{Query, ResourcePath};
 use crate::accounts::Account;
 use spinlink_kube_api::table::{self, IncludeObject};
@@ -109,7 +110,7 @@ pub fn resource(
     query: &Query,
     accept: &str,
 ) -> Option<Response<Body>> {
-    let (objects, info, rv) = {
+    let (objects, info, rv, printer) = {
         let cache = account.read_cache();
         let kind = cache
             .kind(&path.group, &path.version, &path.resource)
@@ -117,6 +118,15 @@ pub fn resource(
         if path.namespace.is_some() && !kind.info.namespaced {
             return None;
         }
+        // A Table the facade cannot print as the server would is relayed.
+        let printer = if table::wants_table(accept) {
+            Some(printer::printer(
+                &cache,
+                resource_of(path, &kind.info.kind),
+            )?)
+        } else {
+            None
+        };
         if let Some(name) = &path.name {
             if path.namespace.is_none() && kind.info.namespaced {
                 // `/api/v1/pods/x` is no object path; let the server say so.
@@ -133,6 +143,7 @@ pub fn resource(
                 vec![entry.json().clone()],
                 kind.info.clone(),
                 kind.resource_version.clone(),
+                printer,
             )
         } else {
             let selectors = match Selectors::parse(
@@ -155,7 +166,12 @@ pub fn resource(
                 })
                 .map(|(_, e)| e.json().clone())
                 .collect();
-            (objects, kind.info.clone(), kind.resource_version.clone())
+            (
+                objects,
+                kind.info.clone(),
+                kind.resource_version.clone(),
+                printer,
+            )
         }
     };
     let api_version = if info.group.is_empty() {
@@ -163,7 +179,7 @@ pub fn resource(
     } else {
         format!("{}/{}", info.group, info.version)
     };
-    let body = if table::wants_table(accept) {
+    let body = if let Some(printer) = printer {
         let parsed: Vec<Value> = objects
             .iter()
             .map(|o| serde_json::from_str(o).unwrap_or(Value::Null))
@@ -175,7 +191,8 @@ pub fn resource(
         } else {
             serde_json::json!({"resourceVersion": rv})
         };
-        let t = table::table(
+        let t = printer::render(
+            &printer,
             resource_of(path, &info.kind),
             refs,
             meta,

@@ -33,6 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::body::{self, Body, BoxError};
+use super::printer::{self, Printer};
 use super::route::{Query, ResourcePath};
 use crate::accounts::Account;
 use crate::cache::history::{Change, ChangeType, Expired};
@@ -202,7 +203,7 @@ pub fn serve(
         version: path.version.clone(),
         resource: path.resource.clone(),
     };
-    let (begun, res, filter) = {
+    let (begun, res, filter, table) = {
         let cache = account.read_cache();
         let kind = cache
             .kind(&path.group, &path.version, &path.resource)
@@ -215,6 +216,13 @@ pub fn serve(
             version: path.version.clone(),
             plural: path.resource.clone(),
             kind: kind.info.kind.clone(),
+        };
+        // A Table the facade cannot print as the server would is relayed.
+        let table = if table::wants_table(accept) {
+            let printer = printer::printer(&cache, res.api())?;
+            Some((IncludeObject::parse(query.get("includeObject")), printer))
+        } else {
+            None
         };
         let selectors = match Selectors::parse(
             res.api(),
@@ -241,7 +249,7 @@ pub fn serve(
             Start::Now => Some(kind.watch_position()),
         };
         let begun = cache.watch(&key, from, |k, e| filter.selects(k, e))?;
-        (begun, res, filter)
+        (begun, res, filter, table)
     };
     let (tx, rx) = mpsc::channel::<Bytes>(WATCH_BUFFER);
     let watcher = Watcher {
@@ -249,7 +257,7 @@ pub fn serve(
         kind: key,
         res,
         filter,
-        table: table::wants_table(accept).then(|| IncludeObject::parse(query.get("includeObject"))),
+        table,
         tx,
     };
     let skip_to = match start {
@@ -327,22 +335,24 @@ struct Watcher {
     kind: KindKey,
     res: Res,
     filter: Filter,
-    table: Option<IncludeObject>,
+    /// Set for a watch of Table rows: what rows carry, and their printer.
+    table: Option<(IncludeObject, Printer)>,
     tx: mpsc::Sender<Bytes>,
 }
 
 impl Watcher {
     /// Sends one object event; `false` when the client is gone.
     async fn event(&self, ty: ChangeType, entry: &Entry) -> bool {
-        let line = match self.table {
+        let line = match &self.table {
             None => frame(ty.as_str(), entry.json().as_bytes()),
-            Some(include) => {
+            Some((include, printer)) => {
                 let object = entry.object();
-                let t = table::table(
+                let t = printer::render(
+                    printer,
                     self.res.api(),
                     [&object],
                     json!({"resourceVersion": entry.resource_version}),
-                    include,
+                    *include,
                     chrono::Utc::now(),
                 );
                 frame(ty.as_str(), &serde_json::to_vec(&t).unwrap_or_default())

@@ -1,0 +1,51 @@
+//! Which printer a Table of a cached kind is rendered with: the API server's
+//! built-in printers for the kinds spinlink knows them for, the columns a
+//! cached CustomResourceDefinition declares for custom resources. For any
+//! other kind (a custom resource whose CRD is not cached, a built-in kind
+//! without a known printer) the facade cannot print what the server would,
+//! so the request is relayed.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use spinlink_kube_api::Resource;
+use spinlink_kube_api::table::{self, IncludeObject, PrinterColumn};
+
+use crate::cache::Cache;
+
+/// How the rows of a Table are printed.
+#[derive(Debug, Clone)]
+pub enum Printer {
+    /// The server's printer for a built-in kind.
+    BuiltIn,
+    /// The `additionalPrinterColumns` of the custom resource's CRD version.
+    Custom(Vec<PrinterColumn>),
+}
+
+/// The printer for `res`, or `None` when the facade cannot print it as the
+/// server would.
+pub fn printer(cache: &Cache, res: Resource<'_>) -> Option<Printer> {
+    let crds = cache.kind("apiextensions.k8s.io", "v1", "customresourcedefinitions");
+    let crd_name = format!("{}.{}", res.plural, res.group);
+    if let Some(crd) = crds.and_then(|k| k.objects.get(&(String::new(), crd_name))) {
+        let columns = PrinterColumn::of_crd(&crd.object(), res.version)?;
+        return Some(Printer::Custom(columns));
+    }
+    table::has_printer(res).then_some(Printer::BuiltIn)
+}
+
+/// A Table of `objects` of `res`, printed by `printer`.
+pub fn render<'a>(
+    printer: &Printer,
+    res: Resource<'_>,
+    objects: impl IntoIterator<Item = &'a Value>,
+    list_meta: Value,
+    include: IncludeObject,
+    now: DateTime<Utc>,
+) -> Value {
+    match printer {
+        Printer::BuiltIn => table::table(res, objects, list_meta, include, now),
+        Printer::Custom(columns) => {
+            table::custom_table(res, columns, objects, list_meta, include, now)
+        }
+    }
+}
