@@ -148,7 +148,7 @@ impl Agent {
         self.shutdown = shutdown.clone();
         let mut clusters = Vec::new();
         for account in &self.config.kubernetes.accounts {
-            clusters.push(Cluster::connect(account).await?);
+            clusters.push(Cluster::connect(account, &self.metrics).await?);
         }
         for cluster in &clusters {
             self.start_elector(cluster);
@@ -366,7 +366,7 @@ impl Agent {
                     warn!(account = %name, error = %e, "assigned account refused");
                     return Ok(());
                 }
-                if let Err(e) = Cluster::connect(&account).await {
+                if let Err(e) = Cluster::connect(&account, &self.metrics).await {
                     warn!(account = %name, error = %e, "assigned account refused: its kubeconfig cannot be used");
                     return Ok(());
                 }
@@ -436,7 +436,7 @@ impl Agent {
             .collect();
         let mut fresh = Vec::new();
         for account in &started {
-            match Cluster::connect(account).await {
+            match Cluster::connect(account, &self.metrics).await {
                 Ok(cluster) => fresh.push(cluster),
                 Err(e) => {
                     warn!(file = %config.origin, account = %account.name, error = %e, "configuration change refused; the running configuration stays");

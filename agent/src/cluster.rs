@@ -11,8 +11,10 @@ use crate::config::AccountConfig;
 use std::sync::Arc;
 
 use crate::kinds::{self, KindFilter};
+use crate::metrics::Metrics;
 use crate::relay::policy::RelayPolicy;
 use crate::{Error, Result};
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Content type of the discovery documents the agent fetches.
 pub const JSON: &str = "application/json";
@@ -49,14 +51,17 @@ impl Cluster {
     /// Builds the client from the account's kubeconfig (a file, or a Secret
     /// read with the in-cluster service account) or the in-cluster service
     /// account.
-    pub async fn connect(account: &AccountConfig) -> Result<Self> {
-        Self::connect_with_env(account, |name| std::env::var(name).ok()).await
+    /// Its API server connections count in `metrics`
+    /// (`apiserver_connections`).
+    pub async fn connect(account: &AccountConfig, metrics: &Metrics) -> Result<Self> {
+        Self::connect_with_env(account, metrics, |name| std::env::var(name).ok()).await
     }
 
     /// [`Cluster::connect`] with the environment (`KUBERNETES_SERVICE_HOST`,
     /// `KUBERNETES_SERVICE_PORT`) read through `env`.
     pub async fn connect_with_env(
         account: &AccountConfig,
+        metrics: &Metrics,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self> {
         let config_error = |message: String| Error::KubeConfig {
@@ -97,11 +102,14 @@ impl Cluster {
             }
             (None, Some(secret)) => {
                 let (config, token) = in_cluster()?;
-                let home =
-                    crate::incluster::client(config, token).map_err(|source| Error::Kube {
+                // The agent's own cluster, read once: its connections are
+                // not the account's, and close when it is dropped.
+                let home = crate::incluster::client(config, token, Gauge::default()).map_err(
+                    |source| Error::Kube {
                         account: account.name.clone(),
                         source,
-                    })?;
+                    },
+                )?;
                 let kubeconfig = read_kubeconfig_secret(home, secret)
                     .await
                     .map_err(config_error)?;
@@ -131,9 +139,14 @@ impl Cluster {
             account: account.name.clone(),
             source,
         };
+        let connections = metrics.apiserver_connections(&account.name);
         let client = match bearer {
-            None => kube::Client::try_from(kube_config).map_err(kube_error)?,
-            Some(token) => crate::incluster::client(kube_config, token).map_err(kube_error)?,
+            None => crate::apiserver::builder(&kube_config, connections)
+                .map_err(kube_error)?
+                .build(),
+            Some(token) => {
+                crate::incluster::client(kube_config, token, connections).map_err(kube_error)?
+            }
         };
         // Checked by `Config::validate` already; never fall back to the
         // agent's own rights if it were unusable.

@@ -123,9 +123,14 @@ pub fn config_with_env(
     Ok((config, TokenFile::new(dir.join("token"))))
 }
 
-/// A client for `config` that sends the token of `token` with every request.
-pub fn client(config: kube::Config, token: TokenFile) -> kube::Result<kube::Client> {
-    Ok(kube::client::ClientBuilder::try_from(config)?
+/// A client for `config` that sends the token of `token` with every request;
+/// its API server connections count in `connections`.
+pub fn client(
+    config: kube::Config,
+    token: TokenFile,
+    connections: prometheus_client::metrics::gauge::Gauge,
+) -> kube::Result<kube::Client> {
+    Ok(crate::apiserver::builder(&config, connections)?
         .with_layer(&BearerLayer(token))
         .build())
 }

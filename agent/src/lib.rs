@@ -12,6 +12,7 @@
 
 pub mod admin;
 mod agent;
+pub mod apiserver;
 pub mod assignments;
 pub mod backoff;
 pub mod cache;

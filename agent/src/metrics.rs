@@ -78,6 +78,8 @@ pub struct Metrics {
     pub gateway_clock_offset: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// `Heartbeat`s received from the gateway on `Control`.
     pub control_heartbeats: Counter,
+    /// Open TCP connections to the account's API server, per account.
+    pub apiserver_connections: Family<AccountLabels, Gauge>,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
     pub active: crate::cache::active::WatchTable,
@@ -107,6 +109,7 @@ impl Metrics {
         let lag = Family::<AccountLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let gateway_clock_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let control_heartbeats = Counter::default();
+        let apiserver_connections = Family::<AccountLabels, Gauge>::default();
         registry.register("events", "Watch events sent", events.clone());
         registry.register("bytes", "Object bytes sent", bytes.clone());
         registry.register("watches", "Watches running", watches.clone());
@@ -159,6 +162,11 @@ impl Metrics {
             "Heartbeats received from the gateway on Control",
             control_heartbeats.clone(),
         );
+        registry.register(
+            "apiserver_connections",
+            "Open TCP connections to the account's API server",
+            apiserver_connections.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             events,
@@ -175,6 +183,7 @@ impl Metrics {
             lag,
             gateway_clock_offset,
             control_heartbeats,
+            apiserver_connections,
             active: crate::cache::active::WatchTable::default(),
         }
     }
@@ -185,6 +194,15 @@ impl Metrics {
             account: account.to_owned(),
             kind: kind.qualified(),
         }
+    }
+
+    /// The gauge of `account`'s open API server connections.
+    pub fn apiserver_connections(&self, account: &str) -> Gauge {
+        self.apiserver_connections
+            .get_or_create(&AccountLabels {
+                account: account.to_owned(),
+            })
+            .clone()
     }
 
     /// Counts a configuration reload.

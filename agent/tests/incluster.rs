@@ -67,7 +67,8 @@ async fn the_service_account_token_is_read_again_when_rotated() {
     };
     let (config, token) = incluster::config_with_env(&sa, env).unwrap();
     assert_eq!(config.default_namespace, "demo");
-    let client = incluster::client(config, token).unwrap();
+    let connections = prometheus_client::metrics::gauge::Gauge::default();
+    let client = incluster::client(config, token, connections.clone()).unwrap();
     let get = || async {
         let req = http::Request::get("/api/v1/namespaces/demo/configmaps")
             .body(Vec::new())
@@ -86,6 +87,8 @@ async fn the_service_account_token_is_read_again_when_rotated() {
     sim.require_tokens(&["token-3"]);
     let err = get().await.unwrap_err().to_string();
     assert!(err.contains("401") || err.contains("Unauthorized"), "{err}");
+    // Every request with its token on the one HTTP/2 connection, counted.
+    assert_eq!(connections.get(), 1);
     stop.cancel();
 }
 
@@ -162,7 +165,8 @@ async fn a_kubeconfig_comes_from_a_secret() {
         "KUBERNETES_SERVICE_PORT" => Some(home_port.to_string()),
         _ => None,
     };
-    let cluster = spinlink_agent::cluster::Cluster::connect_with_env(&account, env)
+    let metrics = spinlink_agent::metrics::Metrics::new();
+    let cluster = spinlink_agent::cluster::Cluster::connect_with_env(&account, &metrics, env)
         .await
         .unwrap();
     let body = cluster
@@ -183,7 +187,7 @@ async fn a_kubeconfig_comes_from_a_secret() {
         }),
         ..account
     };
-    let err = spinlink_agent::cluster::Cluster::connect_with_env(&account, env)
+    let err = spinlink_agent::cluster::Cluster::connect_with_env(&account, &metrics, env)
         .await
         .unwrap_err()
         .to_string();

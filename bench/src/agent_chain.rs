@@ -88,7 +88,7 @@ pub struct AgentChain {
     pub gateway: Proc,
     /// The agent, once started.
     pub agent: Option<Proc>,
-    /// kube-sim's address (plain HTTP).
+    /// kube-sim's address (plain HTTP, or HTTPS with [`SimTransport::Tls`]).
     pub sim_addr: SocketAddr,
     /// The sidecar's facade and admin API (plain HTTP).
     pub facade_addr: SocketAddr,
@@ -96,7 +96,16 @@ pub struct AgentChain {
     pub seed_time: Duration,
     agent_config: PathBuf,
     dir: PathBuf,
-    spinlink: PathBuf,
+    agent_spinlink: PathBuf,
+}
+
+/// How kube-sim serves the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimTransport {
+    /// Plain HTTP: HTTP/1.1 only, one request per connection at a time.
+    Plain,
+    /// HTTPS offering HTTP/2 and HTTP/1.1 by ALPN, as a real API server.
+    Tls,
 }
 
 fn path_str(p: &Path) -> anyhow::Result<&str> {
@@ -113,27 +122,40 @@ impl AgentChain {
         objects: usize,
         extra: &str,
     ) -> anyhow::Result<AgentChain> {
+        Self::start_with(spinlink, spinlink, dir, objects, extra, SimTransport::Plain)
+    }
+
+    /// [`AgentChain::start`] with kube-sim served over `transport` and the
+    /// agent run from `agent_spinlink` (an older build, to compare with).
+    pub fn start_with(
+        spinlink: &Path,
+        agent_spinlink: &Path,
+        dir: &Path,
+        objects: usize,
+        extra: &str,
+        transport: SimTransport,
+    ) -> anyhow::Result<AgentChain> {
         let p = |path: PathBuf| path.display().to_string();
         let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"])
             .map_err(|e| anyhow::anyhow!("dev PKI: {e}"))?;
         let sim_kubeconfig = dir.join("sim.kubeconfig");
         let t = Instant::now();
         let objects_arg = objects.to_string();
-        let mut sim = Proc::start(
-            spinlink,
+        let sim_pki = dir.join("sim-pki");
+        let mut sim_args = vec![
             "kube-sim",
-            dir,
-            &[
-                "kube-sim",
-                "--listen",
-                "127.0.0.1:0",
-                "--empty",
-                "--seed-objects",
-                &objects_arg,
-                "--kubeconfig-out",
-                path_str(&sim_kubeconfig)?,
-            ],
-        )?;
+            "--listen",
+            "127.0.0.1:0",
+            "--empty",
+            "--seed-objects",
+            &objects_arg,
+            "--kubeconfig-out",
+            path_str(&sim_kubeconfig)?,
+        ];
+        if transport == SimTransport::Tls {
+            sim_args.extend(["--tls-dir", path_str(&sim_pki)?]);
+        }
+        let mut sim = Proc::start(spinlink, "kube-sim", dir, &sim_args)?;
         let sim_addr: SocketAddr = sim.wait_line("listening: kube-sim ", START_WAIT)?.parse()?;
         let seed_time = t.elapsed();
 
@@ -204,7 +226,7 @@ impl AgentChain {
             seed_time,
             agent_config,
             dir: dir.to_owned(),
-            spinlink: spinlink.to_owned(),
+            agent_spinlink: agent_spinlink.to_owned(),
         })
     }
 
@@ -212,7 +234,7 @@ impl AgentChain {
     pub fn start_agent(&mut self) -> anyhow::Result<Instant> {
         let started = Instant::now();
         self.agent = Some(Proc::start(
-            &self.spinlink,
+            &self.agent_spinlink,
             "agent",
             &self.dir,
             &["agent", "--config", path_str(&self.agent_config)?],

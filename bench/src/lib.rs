@@ -14,6 +14,7 @@
 //! in-process [`balancer`].
 
 pub mod agent_chain;
+pub mod agent_connections;
 pub mod agent_memory;
 pub mod agent_storm;
 pub mod agent_sync;

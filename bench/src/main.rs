@@ -120,6 +120,20 @@ enum Bench {
         #[arg(long, default_value = "")]
         agent_extra: String,
     },
+    /// Issue 20 (finding 9): the agent's TCP connections to the API server
+    /// for a default cluster, over HTTPS (HTTP/2 offered) and plain HTTP.
+    AgentConnections {
+        /// The agent's binary (default: `--spinlink`): an older build, to
+        /// compare with.
+        #[arg(long)]
+        agent_spinlink: Option<PathBuf>,
+        /// Readings after the sync, one a second.
+        #[arg(long, default_value_t = 5)]
+        samples: usize,
+        /// Skip the plain-HTTP comparison.
+        #[arg(long)]
+        tls_only: bool,
+    },
     /// Issues 4 and 6: 1,000 simulated agents through a balancer to 2
     /// gateways and 3 sidecars; gateway RSS per agent connection and the
     /// reconnect storm after a gateway restart.
@@ -251,6 +265,30 @@ fn main() -> anyhow::Result<()> {
                     dir: dir.clone(),
                 };
                 spinlink_bench::agent_sync::run(&opts, &mut r)?;
+                r
+            }
+            Bench::AgentConnections {
+                agent_spinlink,
+                samples,
+                tls_only,
+            } => {
+                use spinlink_bench::agent_chain::SimTransport;
+                let mut r = Report::new(
+                    "Agent connections to the API server (issue 20, finding 9)",
+                    &command,
+                );
+                let mut transports = vec![SimTransport::Tls];
+                if !tls_only {
+                    transports.push(SimTransport::Plain);
+                }
+                let opts = spinlink_bench::agent_connections::Options {
+                    spinlink,
+                    agent_spinlink,
+                    transports,
+                    samples,
+                    dir: dir.clone(),
+                };
+                spinlink_bench::agent_connections::run(&opts, &mut r)?;
                 r
             }
             Bench::AgentStorm(args) => {

@@ -116,6 +116,11 @@ struct KubeSimArgs {
     /// Write a kubeconfig pointing at the simulator to this file.
     #[arg(long)]
     kubeconfig_out: Option<PathBuf>,
+    /// Serve HTTPS, as a real API server does (HTTP/2 and HTTP/1.1 offered by
+    /// ALPN), with a certificate from the development CA kept in this
+    /// directory (made when missing); the kubeconfig written trusts the CA.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
     /// Start with an empty cluster instead of the demo workload.
     #[arg(long)]
     empty: bool,
@@ -282,12 +287,24 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     });
                 }
             }
-            let server = spinlink_kube_sim::Server::bind(sim, args.listen, None)
+            let (tls, ca_pem) = match &args.tls_dir {
+                Some(dir) => {
+                    let (config, ca_pem) = kube_sim_tls(dir)?;
+                    (Some(std::sync::Arc::new(config)), Some(ca_pem))
+                }
+                None => (None, None),
+            };
+            let server = spinlink_kube_sim::Server::bind(sim, args.listen, tls)
                 .await
                 .with_context(|| format!("binding kube-sim to {}", args.listen))?;
             if let Some(path) = &args.kubeconfig_out {
-                spinlink_kube_sim::write_kubeconfig(path, &server.url(), "kube-sim", None)
-                    .with_context(|| format!("writing {}", path.display()))?;
+                spinlink_kube_sim::write_kubeconfig(
+                    path,
+                    &server.url(),
+                    "kube-sim",
+                    ca_pem.as_deref(),
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
             }
             announce("kube-sim", server.local_addr());
             drain(server.run(shutdown.clone()), &shutdown).await
@@ -299,6 +316,39 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// kube-sim's TLS configuration from the development CA in `dir` (a
+/// `kube-sim` certificate for `localhost`, `127.0.0.1` and `::1`, issued when
+/// missing), and the CA's PEM for the kubeconfig. No ALPN here: kube-sim
+/// offers HTTP/2 and HTTP/1.1 as the real server does.
+fn kube_sim_tls(dir: &std::path::Path) -> anyhow::Result<(rustls::ServerConfig, String)> {
+    use spinlink_tls::dev::{DevCa, DevPki, Leaf};
+    let pki = DevPki::ensure(dir, &[])
+        .with_context(|| format!("development PKI in {}", dir.display()))?;
+    if !pki.cert("kube-sim").exists() {
+        let leaf = Leaf::server("kube-sim")
+            .with_dns("localhost")
+            .with_ip(std::net::Ipv4Addr::LOCALHOST.into())
+            .with_ip(std::net::Ipv6Addr::LOCALHOST.into());
+        DevCa::load(dir)
+            .and_then(|ca| ca.issue(&leaf))
+            .and_then(|issued| issued.write(dir, "kube-sim"))
+            .with_context(|| format!("issuing kube-sim's certificate in {}", dir.display()))?;
+    }
+    let config = spinlink_tls::config::server_config(
+        spinlink_tls::config::ServerFiles {
+            cert: &pki.cert("kube-sim"),
+            key: &pki.key("kube-sim"),
+            client_ca: None,
+        },
+        spinlink_tls::config::ClientAuth::Off,
+        &[],
+    )
+    .context("kube-sim's TLS configuration")?;
+    let ca_pem = std::fs::read_to_string(pki.ca_cert())
+        .with_context(|| format!("reading {}", pki.ca_cert().display()))?;
+    Ok((config, ca_pem))
 }
 
 /// Reads an nginx configuration and returns the gateway configuration that

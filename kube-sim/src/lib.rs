@@ -35,7 +35,9 @@ mod store;
 pub use config::{ChurnConfig, SimConfig};
 pub use error::{Error, Result, Status, StatusCause, StatusDetails};
 pub use kubeconfig::write_kubeconfig;
-pub use server::{Server, derived_group_version};
+pub use server::{
+    ALPN, MAX_STREAMS_PER_CONNECTION, OpenConnections, Server, derived_group_version,
+};
 /// Selectors, Tables and the protobuf encoding are the shared Kubernetes API semantics of `spinlink-kube-api`.
 pub use spinlink_kube_api::{protobuf, selector, table};
 pub use store::{EventType, SYSTEM_NAMESPACES, Sim};

@@ -493,6 +493,19 @@ impl FakeGateway {
     }
 }
 
+/// Polls `f` until it holds, failing after [`WAIT`]: for state the agent
+/// publishes without a notification (its metrics).
+pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Writes a kubeconfig pointing at `server` (no credentials).
 pub fn write_plain_kubeconfig(path: &Path, server: &str) -> PathBuf {
     let text = format!(

@@ -26,12 +26,51 @@ use crate::store::Sim;
 /// How long `run` waits for open connections to finish after shutdown.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(5);
 
+/// Concurrent HTTP/2 streams a client may open on one connection, as the
+/// real API server allows (`--http2-max-streams-per-connection`, 100 since
+/// the 2023 rapid-reset fixes): a client with more watches than this needs
+/// a second connection, or waits.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 100;
+
+/// What the server offers by ALPN when its TLS configuration names nothing:
+/// HTTP/2 first, then HTTP/1.1, as the real API server (Go's `net/http`).
+pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// The connections a [`Server`] has open now (tests compare it with what a
+/// client believes it holds).
+#[derive(Debug, Clone, Default)]
+pub struct OpenConnections(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenConnections {
+    /// Connections accepted and not yet closed.
+    pub fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn open(&self) -> OpenGuard {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OpenGuard(self.clone())
+    }
+}
+
+/// Counts one connection open until dropped.
+struct OpenGuard(OpenConnections);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        (self.0)
+            .0
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A bound kube-sim API server.
 pub struct Server {
     sim: Sim,
     listener: TcpListener,
     local_addr: SocketAddr,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    open: OpenConnections,
 }
 
 impl std::fmt::Debug for Server {
@@ -44,7 +83,8 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks one); TLS when a rustls config is given.
+    /// Binds `addr` (port 0 picks one); TLS when a rustls config is given,
+    /// offering [`ALPN`] unless the config names its own protocols.
     pub async fn bind(
         sim: Sim,
         addr: SocketAddr,
@@ -52,12 +92,27 @@ impl Server {
     ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let tls = tls.map(|config| {
+            if config.alpn_protocols.is_empty() {
+                let mut config = (*config).clone();
+                config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+                Arc::new(config)
+            } else {
+                config
+            }
+        });
         Ok(Server {
             sim,
             listener,
             local_addr,
             tls: tls.map(tokio_rustls::TlsAcceptor::from),
+            open: OpenConnections::default(),
         })
+    }
+
+    /// The connections open now, counted from here on.
+    pub fn open_connections(&self) -> OpenConnections {
+        self.open.clone()
     }
 
     /// The bound address.
@@ -97,7 +152,9 @@ impl Server {
             let ctx = ctx.clone();
             let tls = self.tls.clone();
             let shutdown = shutdown.clone();
+            let open = self.open.open();
             tracker.spawn(async move {
+                let _open = open;
                 if let Err(e) = serve_connection(stream, tls, ctx, shutdown).await {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
@@ -133,7 +190,10 @@ where
         let ctx = ctx.clone();
         async move { Ok::<_, std::convert::Infallible>(router::handle(ctx, req).await) }
     });
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let result = tokio::select! {
