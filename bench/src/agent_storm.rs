@@ -209,6 +209,8 @@ struct AgentCell {
     online_at: AtomicU64,
     /// The gateway (1-based index from its id; 0: none) of the latest session.
     gateway: AtomicUsize,
+    /// Attempts to come online that failed, all told.
+    failed: AtomicU64,
 }
 
 /// Every simulated agent's state and the counts.
@@ -364,6 +366,8 @@ pub struct SimAgent {
     gateway: GatewayConfig,
     spec: Arc<FleetSpec>,
     fleet: Arc<Fleet>,
+    /// The agent's TLS sessions (tickets), kept across its reconnects.
+    sessions: Arc<dyn rustls::client::ClientSessionStore>,
     /// The cache stream's sequence number, increasing across streams.
     seq: u64,
     /// The resourceVersion of the agent's one kind, bumped per listing.
@@ -439,6 +443,9 @@ impl SimAgent {
             gateway,
             spec,
             fleet,
+            // Each simulated agent keeps its own tickets, as each real agent
+            // (a process of its own) does.
+            sessions: Arc::new(rustls::client::ClientSessionMemoryCache::new(4)),
             seq: 0,
             rv: 0,
         }
@@ -490,7 +497,12 @@ impl SimAgent {
                 format!("{what}: {:?}: {}", s.code(), s.message()),
             )
         };
-        let mut client = match spinlink_agent::connect(&self.gateway).await {
+        let mut client = match spinlink_agent::connection::connect_with_sessions(
+            &self.gateway,
+            Some(self.sessions.clone()),
+        )
+        .await
+        {
             Ok(c) => c,
             Err(e) => return Err((classify(&e), chain_of(&e))),
         };
@@ -651,6 +663,9 @@ impl SimAgent {
                     }
                 }
                 Err((f, why)) => {
+                    self.fleet.agents[self.k]
+                        .failed
+                        .fetch_add(1, Ordering::Relaxed);
                     self.fleet.count(f, why);
                     backoff.next_delay()
                 }
@@ -917,7 +932,8 @@ fn gateway_yaml(
     let mut text = format!(
         "gatewayId: {id}\nlisten: {listen}\nshutdownGraceSeconds: 10\nadmin:\n  listen: {admin}\n\
          tls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
-         listener:\n  helloPerSecond: {}\n  helloBurst: {}\n",
+         listener:\n  proxyProtocol: true\n  trustedProxies: ['127.0.0.1']\n\
+         \x20 helloPerSecond: {}\n  helloBurst: {}\n",
         p(pki.cert("gateway")),
         p(pki.key("gateway")),
         p(pki.ca_cert()),
@@ -1023,7 +1039,10 @@ impl Deployment {
             g.start(&opts.spinlink, dir)?;
             gateways.push(g);
         }
-        let balancer = Balancer::start(gateways.iter().map(|g| g.listen).collect()).await?;
+        // PROXY v2 as an NLB sends it, each connection from a network of its
+        // own: the gateways' per-network budgets see a fleet, not one host.
+        let balancer =
+            Balancer::start_with(gateways.iter().map(|g| g.listen).collect(), true).await?;
         Ok(Deployment {
             _sidecars: sidecars,
             facades,
@@ -1052,6 +1071,19 @@ impl Deployment {
             .unwrap_or_default()
     }
 
+    /// Each gateway's `spinlink_gateway_handshakes_resumed_total`.
+    async fn resumed(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for g in &self.gateways {
+            let text = metrics_text(g.admin).await.unwrap_or_default();
+            let n: f64 = samples(&text, "spinlink_gateway_handshakes_resumed_total")
+                .values()
+                .sum();
+            out.push(n as u64);
+        }
+        out
+    }
+
     fn rss(&self, i: usize) -> anyhow::Result<u64> {
         Ok(memory_of(self.gateways[i].pid()?)?.rss)
     }
@@ -1072,6 +1104,10 @@ pub struct Storm {
     pub agents_back: Duration,
     /// What the agents counted meanwhile.
     pub failures: Failures,
+    /// The most failed attempts one affected agent made before it was back.
+    pub most_failed: u64,
+    /// TLS handshakes the gateways resumed from a session ticket meanwhile.
+    pub resumed: u64,
     /// What the gateways counted meanwhile.
     pub gateway: GatewayCounts,
     /// The latest error of each kind the agents met meanwhile.
@@ -1249,6 +1285,9 @@ async fn storm(
     let (g, affected) = busiest(fleet);
     let other = (g + 1) % GATEWAYS;
     let before_agents = fleet.failures();
+    let failed = |k: usize| fleet.agents[k].failed.load(Ordering::Relaxed);
+    let failed_before: Vec<u64> = affected.iter().map(|&k| failed(k)).collect();
+    let resumed_before = d.resumed().await;
     fleet.last.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let before_other = d.gateway_counts(other).await;
     let before_this = d.gateway_counts(g).await;
@@ -1268,6 +1307,24 @@ async fn storm(
         .with_context(|| format!("{fault:?} storm"))?;
     let agents_back = fleet.last_online(&affected).saturating_duration_since(t0);
     let failures = fleet.failures().since(&before_agents);
+    let most_failed = affected
+        .iter()
+        .zip(&failed_before)
+        .map(|(&k, b)| failed(k) - b)
+        .max()
+        .unwrap_or(0);
+    let resumed: u64 = d
+        .resumed()
+        .await
+        .iter()
+        .zip(&resumed_before)
+        .enumerate()
+        .map(|(i, (after, before))| match fault {
+            // A killed gateway's new process counts from zero.
+            Fault::Kill if i == g => *after,
+            _ => after.saturating_sub(*before),
+        })
+        .sum();
     let last_errors = std::mem::take(&mut *fleet.last.lock().unwrap_or_else(|e| e.into_inner()));
     let mut gateway = d.gateway_counts(other).await.since(&before_other);
     let this = match fault {
@@ -1294,6 +1351,8 @@ async fn storm(
         back: back - t0,
         agents_back,
         failures,
+        most_failed,
+        resumed,
         gateway,
         last_errors,
     })
@@ -1447,6 +1506,8 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     ));
     r.line(format!(
         "- gateway admission per gateway: handshakesPerSecond {}, handshakeBurst {}, handshakeQueueSeconds {}{}; \
+         handshakeReservedPercent {} (for agents returning with a TLS 1.3 ticket), \
+         handshakesPerSecondPerSource {} (the balancer names each connection's client by PROXY v2 in a /24 of its own); \
          helloPerSecond and helloBurst × {per_identity} (an identity here stands for {per_identity} agents, each of \
          which would have its own bucket); upstreamPool.loadFactor {}; sidecars' ownership.leaseSeconds {}",
         opts.handshakes_per_second.unwrap_or(DEFAULT_HANDSHAKES_PER_SECOND),
@@ -1460,6 +1521,8 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         } else {
             ""
         },
+        spinlink_gateway::config::DEFAULT_HANDSHAKE_RESERVED_PERCENT,
+        spinlink_gateway::config::DEFAULT_HANDSHAKES_PER_SECOND_PER_SOURCE,
         opts.load_factor.unwrap_or(spinlink_gateway::upstream::set::DEFAULT_LOAD_FACTOR),
         opts.lease_seconds.unwrap_or(spinlink_sidecar::ownership::DEFAULT_LEASE.as_secs()),
     ));
@@ -1520,6 +1583,17 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             ("SIGTERM", res.drain.as_ref()),
         ];
         for (what, storm) in storms {
+            if let Some(st) = storm {
+                r.line(format!(
+                    "- run {}, {what}: {} of {} agents moved; most failed attempts by one agent: {}; \
+                     handshakes resumed from a ticket: {}",
+                    i + 1,
+                    st.affected,
+                    st.affected,
+                    st.most_failed,
+                    st.resumed
+                ));
+            }
             for (kind, why) in storm.map(|s| &s.last_errors).into_iter().flatten() {
                 r.line(format!(
                     "- run {}, {what}: latest {kind} failure: {why}",

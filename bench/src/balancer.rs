@@ -33,6 +33,18 @@ impl Balancer {
     /// Listens on an ephemeral loopback port and balances over `backends`.
     /// Must be called within a tokio runtime.
     pub async fn start(backends: Vec<SocketAddr>) -> std::io::Result<Balancer> {
+        Self::start_with(backends, false).await
+    }
+
+    /// As [`Balancer::start`]; with `proxy_protocol`, each backend connection
+    /// starts with a PROXY v2 header, as an NLB's does, naming a client
+    /// address of its own network: `10.a.b.1` from a counter, one /24 per
+    /// connection, standing in for agents in many clusters' networks (on
+    /// loopback every agent would otherwise be one source).
+    pub async fn start_with(
+        backends: Vec<SocketAddr>,
+        proxy_protocol: bool,
+    ) -> std::io::Result<Balancer> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
@@ -53,8 +65,10 @@ impl Balancer {
                     },
                 };
                 let start = next.fetch_add(1, Ordering::Relaxed);
+                let header = proxy_protocol.then(|| proxy_v2_header(start));
                 tokio::spawn(pipe(
                     client,
+                    header,
                     backends.clone(),
                     start,
                     counter.clone(),
@@ -94,6 +108,7 @@ async fn dial(backends: &[SocketAddr], start: usize) -> Option<TcpStream> {
 /// stops); nothing accepting closes the client's connection at once.
 async fn pipe(
     mut client: TcpStream,
+    header: Option<Vec<u8>>,
     backends: Arc<[SocketAddr]>,
     start: usize,
     open: Arc<AtomicUsize>,
@@ -104,6 +119,12 @@ async fn pipe(
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    if let Some(header) = header {
+        use tokio::io::AsyncWriteExt;
+        if server.write_all(&header).await.is_err() {
+            return;
+        }
+    }
     open.fetch_add(1, Ordering::Relaxed);
     tokio::select! {
         _ = stop.changed() => {}
@@ -111,6 +132,20 @@ async fn pipe(
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
     }
     open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A PROXY v2 header for connection `n`: TCP over IPv4 from `10.a.b.1`
+/// (`a.b` the counter), to a fixed destination.
+fn proxy_v2_header(n: usize) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(0x21); // version 2, PROXY
+    h.push(0x11); // TCP over IPv4
+    h.extend_from_slice(&12u16.to_be_bytes());
+    h.extend_from_slice(&[10, (n >> 8) as u8, n as u8, 1]);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&40000u16.to_be_bytes());
+    h.extend_from_slice(&443u16.to_be_bytes());
+    h
 }
 
 #[cfg(test)]

@@ -36,10 +36,21 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
 /// Default bound on concurrent carried streams per identity, across its
 /// connections (a second replica or a reconnect doubles them for a while).
 pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 20_000;
-/// Default rate of new TLS handshakes admitted per second.
-pub const DEFAULT_HANDSHAKES_PER_SECOND: f64 = 100.0;
-/// Default burst of TLS handshakes admitted at once.
-pub const DEFAULT_HANDSHAKE_BURST: u32 = 200;
+/// Default rate of new TLS handshakes admitted per second: about a third
+/// of what one gateway completes on two cores (full mTLS handshakes,
+/// bench/RESULTS.md), leaving the rest for the connections it serves.
+pub const DEFAULT_HANDSHAKES_PER_SECOND: f64 = 1000.0;
+/// Default burst of TLS handshakes admitted at once (one second's worth).
+pub const DEFAULT_HANDSHAKE_BURST: u32 = 1000;
+/// Default share of `handshakesPerSecond`, in percent, that only returning
+/// agents (a session ticket this deployment issued) may use: strangers
+/// together get the rest, however many of them there are.
+pub const DEFAULT_HANDSHAKE_RESERVED_PERCENT: u32 = 50;
+/// Default handshakes per second one client network (IPv4 /24, IPv6 /64)
+/// may start without a session ticket.
+pub const DEFAULT_HANDSHAKES_PER_SECOND_PER_SOURCE: f64 = 20.0;
+/// Default burst of ticketless handshakes from one client network.
+pub const DEFAULT_HANDSHAKE_BURST_PER_SOURCE: u32 = 40;
 /// Default longest wait of a new connection for its handshake token. Well
 /// inside the agent's 10 s connect timeout: a reconnect storm of up to
 /// `burst + 5 × rate` connections per gateway is admitted in turn, none
@@ -235,6 +246,16 @@ pub struct ListenerConfig {
     /// Seconds a new connection may wait for its handshake token (its turn
     /// at `handshakesPerSecond`) before it is refused; 0 refuses at once.
     pub handshake_queue_seconds: f64,
+    /// Percent of `handshakesPerSecond` kept for returning agents (those
+    /// offering a session ticket this deployment issued); strangers share
+    /// the rest. 0 reserves nothing, 100 admits no stranger.
+    pub handshake_reserved_percent: u32,
+    /// Handshakes per second one client network (IPv4 /24, IPv6 /64, after
+    /// PROXY protocol) may start without a session ticket; past its burst
+    /// more are refused at once.
+    pub handshakes_per_second_per_source: f64,
+    /// Ticketless handshakes one client network may start at once.
+    pub handshake_burst_per_source: u32,
     /// `Hello` calls per identity per second (token bucket).
     pub hello_per_second: f64,
     /// `Hello` calls one identity may make at once.
@@ -270,6 +291,9 @@ impl Default for ListenerConfig {
             handshakes_per_second: DEFAULT_HANDSHAKES_PER_SECOND,
             handshake_burst: DEFAULT_HANDSHAKE_BURST,
             handshake_queue_seconds: DEFAULT_HANDSHAKE_QUEUE_SECONDS,
+            handshake_reserved_percent: DEFAULT_HANDSHAKE_RESERVED_PERCENT,
+            handshakes_per_second_per_source: DEFAULT_HANDSHAKES_PER_SECOND_PER_SOURCE,
+            handshake_burst_per_source: DEFAULT_HANDSHAKE_BURST_PER_SOURCE,
             hello_per_second: DEFAULT_HELLO_PER_SECOND,
             hello_burst: DEFAULT_HELLO_BURST,
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
@@ -559,6 +583,10 @@ impl Config {
         }
         for (key, rate) in [
             ("handshakesPerSecond", l.handshakes_per_second),
+            (
+                "handshakesPerSecondPerSource",
+                l.handshakes_per_second_per_source,
+            ),
             ("helloPerSecond", l.hello_per_second),
         ] {
             if !(rate.is_finite() && rate > 0.0) {
@@ -567,6 +595,15 @@ impl Config {
         }
         if l.handshake_burst == 0 {
             return Err(invalid("handshakeBurst", "must be at least 1"));
+        }
+        if l.handshake_burst_per_source == 0 {
+            return Err(invalid("handshakeBurstPerSource", "must be at least 1"));
+        }
+        if l.handshake_reserved_percent > 100 {
+            return Err(invalid(
+                "handshakeReservedPercent",
+                "must be between 0 and 100",
+            ));
         }
         if !(0.0..=MAX_HANDSHAKE_QUEUE_SECONDS).contains(&l.handshake_queue_seconds) {
             return Err(invalid(

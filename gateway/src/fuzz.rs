@@ -36,6 +36,29 @@ pub fn proxy_header(data: &[u8]) {
     }
 }
 
+/// The ClientHello peek that admission reads before TLS: never panics; a
+/// ticket it finds lies within the first record; the verdict on a whole
+/// record does not change with what follows it, and any shorter prefix of
+/// a record with a ticket is `Incomplete`, never a different answer.
+pub fn client_hello(data: &[u8]) {
+    use crate::tls::client_hello::{Peek, RECORD_HEADER_LEN, peek};
+    let verdict = peek(data);
+    if let Peek::Ticket(t) = verdict {
+        let record_len = usize::from(u16::from_be_bytes([data[3], data[4]]));
+        let end = RECORD_HEADER_LEN + record_len;
+        let start = t.as_ptr() as usize - data.as_ptr() as usize;
+        assert!(start >= RECORD_HEADER_LEN && start + t.len() <= end);
+        assert_eq!(peek(&data[..end]), Peek::Ticket(t));
+        for n in [0, 1, RECORD_HEADER_LEN, end - 1] {
+            assert_eq!(
+                peek(&data[..n.min(end - 1)]),
+                Peek::Incomplete,
+                "prefix {n}"
+            );
+        }
+    }
+}
+
 fn key() -> &'static TokenKey {
     static KEY: OnceLock<TokenKey> = OnceLock::new();
     KEY.get_or_init(|| TokenKey::generate().expect("system random"))
@@ -339,6 +362,35 @@ mod tests {
                 .dictionary([&crate::listener::proxy_protocol::V2_SIGNATURE[..], b"\r\n"])
                 .max_len(600)
                 .run(super::proxy_header);
+        }
+
+        #[test]
+        fn fuzz_client_hello() {
+            // A ClientHello offering a ticket, as the agent's rustls sends it
+            // (shortened): record, handshake header, hello, extensions.
+            let mut hello = vec![3, 3];
+            hello.extend_from_slice(&[9; 32]);
+            hello.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+            let psk = [0, 9, 0, 3, b't', b'k', b't', 0, 0, 0, 0, 0, 3, 2, 0, 0];
+            hello.extend_from_slice(&(psk.len() as u16 + 4).to_be_bytes());
+            hello.extend_from_slice(&[0, 41]);
+            hello.extend_from_slice(&(psk.len() as u16).to_be_bytes());
+            hello.extend_from_slice(&psk);
+            let mut hs = vec![1, 0];
+            hs.extend_from_slice(&(hello.len() as u16).to_be_bytes());
+            hs.extend_from_slice(&hello);
+            let mut record = vec![0x16, 3, 1];
+            record.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+            record.extend_from_slice(&hs);
+            assert!(matches!(
+                crate::tls::client_hello::peek(&record),
+                crate::tls::client_hello::Peek::Ticket(b"tkt")
+            ));
+            Fuzz::new("client-hello")
+                .seeds([&record[..], &[0x16, 3, 1, 0, 4, 1, 0, 0, 0][..]])
+                .dictionary([&[0u8, 41][..], &[0x16, 3, 1][..]])
+                .max_len(600)
+                .run(super::client_hello);
         }
 
         #[test]

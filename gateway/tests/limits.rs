@@ -48,7 +48,8 @@ async fn handshakes_past_the_rate_are_refused() {
     let gw = gateway(
         &pki.pki,
         "http://127.0.0.1:9",
-        "  handshakesPerSecond: 0.001\n  handshakeBurst: 2\n",
+        // Nothing reserved for returning agents: the global bucket alone.
+        "  handshakesPerSecond: 0.001\n  handshakeBurst: 2\n  handshakeReservedPercent: 0\n",
     )
     .await;
     for _ in 0..2 {

@@ -61,13 +61,20 @@ async fn a_flood_of_refusals_is_summarised() {
     let gw = start_gateway(&tls_gateway_yaml(
         &pki.pki,
         "upstreams: [{url: 'http://127.0.0.1:9'}]\n\
-         listener: {handshakesPerSecond: 0.01, handshakeBurst: 1, handshakeQueueSeconds: 0}\n",
+         listener: {handshakesPerSecond: 0.01, handshakeBurst: 1, handshakeQueueSeconds: 0,\n\
+         \x20 handshakeReservedPercent: 0, handshakeBurstPerSource: 1000}\n",
     ))
     .await;
-    // The first takes the one handshake token; the next 200 are refused.
+    // The first takes the one handshake token; the next 200 are refused,
+    // each once its ClientHello's first record (here a stub) is read.
     let mut held = Vec::new();
     for _ in 0..201 {
-        held.push(tokio::net::TcpStream::connect(gw.addr).await.unwrap());
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        tcp.write_all(&[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00])
+            .await
+            .unwrap();
+        held.push(tcp);
     }
     wait_refusals(
         &gw.stats,

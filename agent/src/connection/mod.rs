@@ -1,9 +1,12 @@
 //! The connection to the gateway and what is bound to it: [`connect`] makes the
 //! one TLS connection ([`connector`]), [`session::Session`] says `Hello` on it
-//! and keeps the channel tokens it was granted.
+//! and keeps the channel tokens it was granted. TLS sessions outlive the
+//! connection ([`sessions`]): a reconnect resumes, which the gateway admits
+//! first in a storm.
 
 pub mod connector;
 pub mod session;
+pub mod sessions;
 
 use std::time::Duration;
 
@@ -25,6 +28,16 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// never dials another: once it breaks, every call fails and the caller
 /// starts over (tokens are bound to the connection).
 pub async fn connect(gateway: &GatewayConfig) -> Result<TunnelClient<Channel>> {
+    connect_with_sessions(gateway, None).await
+}
+
+/// As [`connect`], keeping TLS sessions in `sessions` instead of the
+/// process's store for these files ([`sessions::store`]); for simulations
+/// that run many agents in one process, each with its own.
+pub async fn connect_with_sessions(
+    gateway: &GatewayConfig,
+    store: Option<std::sync::Arc<dyn rustls::client::ClientSessionStore>>,
+) -> Result<TunnelClient<Channel>> {
     let url_error = |message: String| Error::GatewayUrl {
         url: gateway.url.clone(),
         message,
@@ -46,7 +59,9 @@ pub async fn connect(gateway: &GatewayConfig) -> Result<TunnelClient<Channel>> {
                 (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
                 _ => None,
             };
-            let tls = client_config(ClientFiles { ca, identity }, &[ALPN_H2])?;
+            let mut tls = client_config(ClientFiles { ca, identity }, &[ALPN_H2])?;
+            let store = store.unwrap_or_else(|| sessions::store(ca, identity));
+            tls.resumption = rustls::client::Resumption::store(store);
             let name = gateway.server_name.clone().unwrap_or(host);
             let server_name = ServerName::try_from(name)
                 .map_err(|e| url_error(format!("TLS server name: {e}")))?;

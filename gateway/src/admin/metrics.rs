@@ -23,6 +23,9 @@ pub enum Refusal {
     MaxConnections,
     /// The handshake token bucket (`listener.handshakesPerSecond`) was empty.
     HandshakeRate,
+    /// The client's network (its /24 or /64) used up its own handshake
+    /// budget (`listener.handshakesPerSecondPerSource`).
+    HandshakeSourceRate,
     /// A PROXY header from an address outside `listener.trustedProxies`.
     UntrustedProxy,
     /// No PROXY header from outside `trustedProxies` while one is required.
@@ -77,9 +80,10 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 22] = [
+    pub const ALL: [Refusal; 23] = [
         Self::MaxConnections,
         Self::HandshakeRate,
+        Self::HandshakeSourceRate,
         Self::UntrustedProxy,
         Self::UntrustedSource,
         Self::ProxyHeaderMissing,
@@ -107,6 +111,7 @@ impl Refusal {
         match self {
             Self::MaxConnections => "max_connections",
             Self::HandshakeRate => "handshake_rate",
+            Self::HandshakeSourceRate => "handshake_source_rate",
             Self::UntrustedProxy => "untrusted_proxy",
             Self::UntrustedSource => "untrusted_source",
             Self::ProxyHeaderMissing => "proxy_header_missing",
@@ -217,6 +222,9 @@ pub struct Metrics {
     pub connections_open: Gauge,
     /// TLS handshakes by result.
     pub handshakes: Family<ResultLabel, Counter>,
+    /// Of the successful handshakes, those that resumed a session from a
+    /// ticket (cheap: no certificate exchange or verification).
+    pub handshakes_resumed: Counter,
     /// Authentication failures by reason.
     pub auth_failures: Family<ReasonLabel, Counter>,
     /// Channel tokens issued by `Hello`.
@@ -270,6 +278,7 @@ impl Default for Metrics {
             connections: Counter::default(),
             connections_open: Gauge::default(),
             handshakes: Family::default(),
+            handshakes_resumed: Counter::default(),
             auth_failures: Family::default(),
             tokens_issued: Counter::default(),
             tokens_renewed: Counter::default(),
@@ -306,6 +315,11 @@ impl Default for Metrics {
             "handshakes",
             "TLS handshakes by result",
             m.handshakes.clone(),
+        );
+        registry.register(
+            "handshakes_resumed",
+            "TLS handshakes that resumed a session from a ticket (also counted as ok)",
+            m.handshakes_resumed.clone(),
         );
         registry.register(
             "auth_failures",

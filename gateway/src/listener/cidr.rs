@@ -78,6 +78,27 @@ fn prefix_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
     (a[full] & mask) == (b[full] & mask)
 }
 
+/// The client network `ip` belongs to for per-source limits: its IPv4 /24
+/// or IPv6 /64 (one site, one subnet: what one operator controls), as the
+/// network's first address. IPv4-mapped IPv6 addresses count as IPv4.
+pub fn client_network(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => client_network(IpAddr::V4(v4)),
+            None => {
+                let mut o = v6.octets();
+                o[8..].fill(0);
+                IpAddr::from(o)
+            }
+        },
+        IpAddr::V4(v4) => {
+            let mut o = v4.octets();
+            o[3] = 0;
+            IpAddr::from(o)
+        }
+    }
+}
+
 /// Whether any of `nets` contains `ip`.
 pub fn any_contains(nets: &[Cidr], ip: IpAddr) -> bool {
     nets.iter().any(|n| n.contains(ip))
@@ -108,6 +129,16 @@ mod tests {
         assert!(v6.contains(ip("fd12::1")));
         assert!(!v6.contains(ip("fe80::1")));
         assert!(!v6.contains(ip("10.0.0.1")));
+    }
+
+    #[test]
+    fn client_networks_are_v4_24_and_v6_64() {
+        assert_eq!(client_network(ip("203.0.113.7")), ip("203.0.113.0"));
+        assert_eq!(client_network(ip("::ffff:203.0.113.7")), ip("203.0.113.0"));
+        assert_eq!(
+            client_network(ip("2001:db8:1:2:3:4:5:6")),
+            ip("2001:db8:1:2::")
+        );
     }
 
     #[test]

@@ -50,8 +50,10 @@ impl Connection {
             let conn = ConnInfo::new(remote, local_port, None, None, ClientVerify::None, None);
             return self.serve_http(ingress, stream, conn, None).await;
         }
-        if !self.settings.admit_handshake().await {
-            return self.refuse(Refusal::HandshakeRate, remote);
+        // No ClientHello read ahead here: every handshake is a stranger's,
+        // within its network's budget and the strangers' share.
+        if let Err(reason) = self.settings.admit_handshake(remote.ip(), false).await {
+            return self.refuse(reason, remote);
         }
         let agent_tls = self.tls.clone();
         let handshake = async {

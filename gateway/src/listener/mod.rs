@@ -6,12 +6,19 @@
 //!    address it names is the one logs use from then on ([`read_proxy_header`]),
 //!    and its network the one `client_connections_total` counts
 //!    ([`crate::admin::client_networks`]);
-//! 3. a token from the handshake bucket (`handshakesPerSecond`, reconnect
-//!    storms; past the burst a connection waits its turn for at most
-//!    `handshakeQueueSeconds`, then is refused), then mTLS with the
-//!    configuration current *now* ([`crate::tls::ServerTls`], reloaded from
-//!    disk) within `handshakeTimeoutSeconds`;
-//! 4. the connection is named — identity from the leaf certificate, binding
+//! 3. the first record of the ClientHello, read within
+//!    `handshakeTimeoutSeconds` and left for rustls: a session ticket this
+//!    deployment issued ([`crate::tls::tickets`]) marks a returning agent;
+//! 4. admission ([`limits::Admission`]): a token of the handshake bucket
+//!    (`handshakesPerSecond`; past the burst a connection waits its turn for
+//!    at most `handshakeQueueSeconds`, then is refused). A stranger (no
+//!    ticket) must also fit its client network's budget
+//!    (`handshakesPerSecondPerSource`, refused at once past it) and the
+//!    strangers' share of the rate (all but `handshakeReservedPercent`), so
+//!    neither one source nor a crowd of them keeps returning agents out;
+//! 5. mTLS with the configuration current *now* ([`crate::tls::ServerTls`],
+//!    reloaded from disk) within `handshakeTimeoutSeconds`;
+//! 6. the connection is named — identity from the leaf certificate, binding
 //!    from the TLS exporter — and served by the relay
 //!    ([`crate::relay::server`]) with that name; its HTTP/2 preface and
 //!    first SETTINGS are due within `prefaceTimeoutSeconds`.
@@ -34,8 +41,8 @@ pub mod log_summary;
 pub mod prefixed;
 pub mod proxy_protocol;
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -48,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::cidr::Cidr;
-use self::limits::{Slots, TokenBucket};
+use self::limits::{Admission, AdmissionLimits, Refused, Slots};
 use self::prefixed::Prefixed;
 use self::proxy_protocol::{Parse, ProxyHeader};
 use crate::admin::metrics::ClientResult;
@@ -80,10 +87,9 @@ pub struct Settings {
     idle_timeout: Duration,
     max_age: Option<MaxAge>,
     connections: Arc<Slots<()>>,
-    handshakes: Mutex<TokenBucket>,
-    /// Longest a new connection waits for a handshake token before it is
-    /// refused (`handshakeQueueSeconds`).
-    handshake_queue: Duration,
+    /// Handshake admission: the global rate, the returning agents' share,
+    /// the per-network budgets.
+    handshakes: Admission,
     /// The shutdown grace, announced to agents in `Reconnect{draining}`.
     drain_grace: Duration,
     /// Ingress routes served on this listener besides the agent tunnel.
@@ -146,36 +152,38 @@ impl Settings {
             idle_timeout: Duration::from_secs(c.idle_timeout_seconds),
             max_age,
             connections: Slots::new(c.max_connections),
-            handshakes: Mutex::new(TokenBucket::new(
-                c.handshakes_per_second,
-                c.handshake_burst,
+            handshakes: Admission::new(
+                AdmissionLimits {
+                    rate: c.handshakes_per_second,
+                    burst: c.handshake_burst,
+                    reserved_percent: c.handshake_reserved_percent,
+                    per_source_rate: c.handshakes_per_second_per_source,
+                    per_source_burst: c.handshake_burst_per_source,
+                    queue: Duration::from_secs_f64(c.handshake_queue_seconds),
+                },
                 Instant::now(),
-            )),
-            handshake_queue: Duration::from_secs_f64(c.handshake_queue_seconds),
+            ),
             drain_grace,
             ingress: None,
             warnings: log_summary::Summarised::new(log_summary::SUMMARY_INTERVAL),
         }
     }
 
-    /// Admits one TLS handshake: at once while the bucket has tokens; in a
-    /// storm, after waiting its turn (the bucket's rate) for at most
-    /// `handshakeQueueSeconds`; `false` when its turn is further away than
-    /// that, and the connection is refused.
-    async fn admit_handshake(&self) -> bool {
-        let turn = self
-            .handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reserve(Instant::now(), self.handshake_queue);
-        match turn {
-            None => false,
-            Some(wait) => {
+    /// Admits one TLS handshake from `client` (`returning`: it offered a
+    /// ticket of ours): at once while the buckets have tokens; in a storm,
+    /// after waiting its turn for at most `handshakeQueueSeconds`; refused
+    /// (with the reason) when its turn is further away than that or its
+    /// network is over budget.
+    async fn admit_handshake(&self, client: IpAddr, returning: bool) -> Result<(), Refusal> {
+        match self.handshakes.admit(client, returning, Instant::now()) {
+            Err(Refused::Rate) => Err(Refusal::HandshakeRate),
+            Err(Refused::Source) => Err(Refusal::HandshakeSourceRate),
+            Ok(wait) => {
                 if !wait.is_zero() {
                     // The connection holds its `maxConnections` slot meanwhile.
                     tokio::time::sleep(wait).await;
                 }
-                true
+                Ok(())
             }
         }
     }
@@ -335,6 +343,40 @@ where
     }
 }
 
+/// Reads from `socket`, after `prefix` (bytes already read), until the
+/// first TLS record is complete, and says whether its ClientHello offers a
+/// session ticket `tls` issued. Returns every byte read, for the handshake.
+/// A peer that closes or errs first is left to the handshake to report.
+async fn read_client_hello(
+    socket: &mut TcpStream,
+    prefix: Bytes,
+    tls: &ServerTls,
+) -> (Bytes, bool) {
+    use crate::tls::client_hello::{MAX_RECORD_LEN, Peek, RECORD_HEADER_LEN, peek};
+    let mut buf = BytesMut::from(&prefix[..]);
+    loop {
+        match peek(&buf) {
+            Peek::Incomplete => {}
+            Peek::Ticket(ticket) => {
+                let ours = tls.knows_ticket(ticket);
+                return (buf.freeze(), ours);
+            }
+            Peek::None => return (buf.freeze(), false),
+        }
+        // Bounded by `peek`: a record is at most this long, or it is `None`.
+        if buf.len() >= RECORD_HEADER_LEN + MAX_RECORD_LEN {
+            return (buf.freeze(), false);
+        }
+        // Grown a little at a time: a ClientHello is a few hundred bytes,
+        // and a peer that trickles one pays for its own buffer only.
+        buf.reserve(1024);
+        match socket.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return (buf.freeze(), false),
+            Ok(_) => {}
+        }
+    }
+}
+
 struct Connection {
     tls: Option<Arc<ServerTls>>,
     sources: Arc<[IdentitySource]>,
@@ -401,8 +443,8 @@ impl Connection {
         self.shared.stats.metrics().connections_open.inc();
         let _open = OpenGauge(self.shared.stats.clone());
 
-        let stream = match &self.settings.proxy {
-            None => Prefixed::new(Bytes::new(), stream),
+        let prefix = match &self.settings.proxy {
+            None => Bytes::new(),
             Some(proxy) => {
                 let read =
                     read_proxy_header(&mut stream, socket_peer, &proxy.trusted, proxy.required);
@@ -413,7 +455,7 @@ impl Connection {
                         }
                         // From here on, logs name the client, not the balancer.
                         self.remote = client;
-                        Prefixed::new(rest, stream)
+                        rest
                     }
                     Ok(Err(Some(reason))) => return self.refuse(reason, socket_peer),
                     Ok(Err(None)) => return,
@@ -425,6 +467,7 @@ impl Connection {
         if let Some(ingress) = self.settings.ingress.clone() {
             // Boxed: hyper's connection futures would otherwise set the size
             // of every agent connection's task.
+            let stream = Prefixed::new(prefix, stream);
             return Box::pin(self.serve_ingress(ingress, stream, local_port)).await;
         }
 
@@ -438,11 +481,21 @@ impl Connection {
                 control: ControlSlot::default(),
             };
             self.count_client(remote, ClientResult::Accepted);
-            return self.serve_h2(stream, peer).await;
+            return self.serve_h2(Prefixed::new(prefix, stream), peer).await;
         };
-        if !self.settings.admit_handshake().await {
-            return self.refuse(Refusal::HandshakeRate, remote);
+        let peek = read_client_hello(&mut stream, prefix, &tls);
+        let (prefix, returning) =
+            match tokio::time::timeout(self.settings.handshake_timeout, peek).await {
+                Ok(read) => read,
+                Err(_) => {
+                    self.shared.stats.metrics().handshake(false);
+                    return self.refuse(Refusal::HandshakeTimeout, remote);
+                }
+            };
+        if let Err(reason) = self.settings.admit_handshake(remote.ip(), returning).await {
+            return self.refuse(reason, remote);
         }
+        let stream = Prefixed::new(prefix, stream);
         // The configuration current now: a reload changes what the next
         // handshake sees, never this one.
         let acceptor = tls.acceptor();
@@ -467,6 +520,9 @@ impl Connection {
                 return self.refuse(Refusal::HandshakeTimeout, remote);
             }
         };
+        if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+            self.shared.stats.metrics().handshakes_resumed.inc();
+        }
         self.handshake_ok(remote);
         // Boxed: the TLS state is moved through several futures, each of
         // which would otherwise keep room for it for the connection's life.

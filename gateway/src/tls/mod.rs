@@ -9,6 +9,14 @@
 //! symlink swap of a mounted Secret is seen too. New files that do not build a
 //! valid config (garbage, a key that does not match, a half-written rotation)
 //! are refused with one log line and the old material stays in service.
+//!
+//! With client certificates required, every handshake ends with TLS 1.3
+//! session tickets ([`tickets`]) any gateway serving the same material can
+//! open; [`ServerTls::knows_ticket`] checks one read from a ClientHello
+//! ([`client_hello`]) before the handshake, for admission.
+
+pub mod client_hello;
+pub mod tickets;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -136,6 +144,12 @@ impl Material {
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)?;
         config.alpn_protocols = alpn.to_vec();
+        // Resumption only where a ticket proves a verified certificate: with
+        // JWT bootstrap a session may have none, and the listener must not
+        // admit its ticket ahead of strangers.
+        if !files.client_certificate_optional {
+            config.ticketer = Arc::new(tickets::Tickets::new(&[&self.key, &self.client_ca]));
+        }
         Ok((config, not_after))
     }
 }
@@ -207,6 +221,14 @@ impl ServerTls {
     pub fn acceptor(&self) -> TlsAcceptor {
         let config = self.current.read().unwrap_or_else(|e| e.into_inner());
         TlsAcceptor::from(config.clone())
+    }
+
+    /// Whether `ticket`, read from a ClientHello, is a session ticket the
+    /// current material issued and still in date: the peer finished an
+    /// mTLS handshake with this deployment within the last hour or two.
+    pub fn knows_ticket(&self, ticket: &[u8]) -> bool {
+        let config = self.current.read().unwrap_or_else(|e| e.into_inner());
+        config.ticketer.enabled() && config.ticketer.decrypt(ticket).is_some()
     }
 
     /// The serving certificate's notAfter, Unix seconds.
