@@ -167,3 +167,42 @@ async fn a_ticket_from_one_gateway_resumes_at_another() {
     hello_from(two.addr, "203.0.113.7", &config).await.unwrap();
     assert_eq!((resumed(&one), resumed(&two)), (0, 1));
 }
+
+/// A resumed session carries the certificate its ticket was issued for,
+/// unchecked by TLS: one that expired since must not get back in.
+#[tokio::test]
+async fn a_ticket_does_not_outlive_its_certificate() {
+    use spinlink_tls::dev::{DevCa, Leaf, dev_agent_identity};
+    let pki = pki();
+    let gw = start_gateway(&yaml(&pki.pki, "")).await;
+    let ca = DevCa::load(pki.dir.path()).unwrap();
+    let short = ca
+        .issue(
+            &Leaf::client("agent-a1")
+                .with_uri(&dev_agent_identity("a1"))
+                .with_validity(std::time::Duration::from_secs(3)),
+        )
+        .unwrap();
+    let (cert, key) = short.write(pki.dir.path(), "short-a1").unwrap();
+    let ca_cert = pki.pki.ca_cert();
+    let mut config = client_config(
+        ClientFiles {
+            ca: &ca_cert,
+            identity: Some((&cert, &key)),
+        },
+        &[ALPN_H2],
+    )
+    .unwrap();
+    config.resumption = Resumption::store(Arc::new(ClientSessionMemoryCache::new(8)));
+    let config = Arc::new(config);
+    hello_from(gw.addr, "203.0.113.7", &config).await.unwrap();
+    // While it is valid, the agent resumes.
+    hello_from(gw.addr, "203.0.113.7", &config).await.unwrap();
+    assert_eq!(resumed(&gw), 1);
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        hello_from(gw.addr, "203.0.113.7", &config).await.is_err(),
+        "an expired certificate resumed its session"
+    );
+    assert_eq!(resumed(&gw), 1);
+}

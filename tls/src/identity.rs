@@ -61,6 +61,17 @@ pub fn identity_from_cert(
     Ok(None)
 }
 
+/// Whether `now` (seconds since the Unix epoch) falls within the
+/// certificate's validity period. A resumed TLS session carries the
+/// certificate of the handshake that issued its ticket without checking it
+/// again: the gateway checks this on every resumed connection, so a
+/// certificate that expired since cannot keep resuming.
+pub fn valid_at(cert: &CertificateDer<'_>, now: i64) -> Result<bool> {
+    let (_, x509) = X509Certificate::from_der(cert).map_err(|e| Error::X509(e.to_string()))?;
+    let validity = x509.validity();
+    Ok(validity.not_before.timestamp() <= now && now <= validity.not_after.timestamp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +80,25 @@ mod tests {
     fn der(pem: &str) -> CertificateDer<'static> {
         use rustls_pki_types::pem::PemObject;
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn validity_is_read_from_the_certificate() {
+        let ca = DevCa::generate("test ca").unwrap();
+        let leaf = ca
+            .issue(&Leaf::client("a").with_validity(std::time::Duration::from_secs(3600)))
+            .unwrap();
+        let cert = der(&leaf.cert_pem);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!(valid_at(&cert, now).unwrap());
+        assert!(!valid_at(&cert, now + 7200).unwrap(), "expired");
+        assert!(
+            !valid_at(&cert, now - 7 * 24 * 3600).unwrap(),
+            "not yet valid"
+        );
     }
 
     #[test]

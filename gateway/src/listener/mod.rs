@@ -521,6 +521,22 @@ impl Connection {
             }
         };
         if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+            // The session's certificate was verified when its ticket was
+            // issued, up to two ticket periods ago; it must still be valid.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            let valid = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|certs| certs.first())
+                .is_none_or(|leaf| spinlink_tls::identity::valid_at(leaf, now).unwrap_or(false));
+            if !valid {
+                self.shared.stats.incr(Counter::ConnectionsWithoutIdentity);
+                tracing::warn!(%remote, "resumed session's client certificate has expired; closing");
+                return;
+            }
             self.shared.stats.metrics().handshakes_resumed.inc();
         }
         self.handshake_ok(remote);
