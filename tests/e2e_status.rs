@@ -81,10 +81,15 @@ fn status_is_healthy_with_the_chain_up_and_not_once_the_agent_stops() {
         "{stdout}"
     );
 
-    let json = status(sidecar.facade, &["-o", "json"]);
-    assert!(json.status.success(), "{}", text(&json.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert_eq!(v["healthy"], true, "{v}");
+    // The agent starts each kind's listing as it gets to it, so a kind
+    // may still start after every kind started so far has synced (the
+    // sidecar learns of a kind when its listing starts): wait for healthy
+    // again rather than take one answer.
+    let v: serde_json::Value = wait_for("status -o json to say healthy", || {
+        let json = status(sidecar.facade, &["-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&json.stdout).ok()?;
+        (json.status.success() && v["healthy"] == true).then_some(v)
+    });
     let account = &v["accounts"][0];
     assert_eq!(account["name"], "prod", "{v}");
     assert_eq!(account["state"], "online", "{v}");
