@@ -55,9 +55,47 @@ impl Resource<'_> {
     }
 }
 
+/// The verb RBAC names a request on a resource path by, as the API server
+/// derives it: from the method, whether the path names an object, and
+/// `watch=true` (which wins over a name). `None` for other methods.
+pub fn request_verb(method: &http::Method, named: bool, watch: bool) -> Option<&'static str> {
+    Some(match (method.as_str(), named) {
+        ("GET" | "HEAD", _) if watch => "watch",
+        ("GET" | "HEAD", true) => "get",
+        ("GET" | "HEAD", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_verbs_are_rbacs() {
+        use http::Method;
+        let cases = [
+            (Method::GET, true, false, Some("get")),
+            (Method::GET, false, false, Some("list")),
+            (Method::GET, false, true, Some("watch")),
+            (Method::GET, true, true, Some("watch")),
+            (Method::DELETE, true, false, Some("delete")),
+            (Method::DELETE, false, false, Some("deletecollection")),
+            (Method::OPTIONS, false, false, None),
+        ];
+        for (method, named, watch, want) in cases {
+            assert_eq!(
+                request_verb(&method, named, watch),
+                want,
+                "{method} {named} {watch}"
+            );
+        }
+    }
 
     #[test]
     fn qualified_names_and_api_versions() {

@@ -100,21 +100,6 @@ pub(crate) struct Attributes<'a> {
     pub name: Option<&'a str>,
 }
 
-/// The RBAC verb of a request on a resource path.
-pub(crate) fn verb(method: &http::Method, named: bool, watch: bool) -> &'static str {
-    match (method.as_str(), named) {
-        ("GET" | "HEAD", true) => "get",
-        ("GET" | "HEAD", false) if watch => "watch",
-        ("GET" | "HEAD", false) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "delete",
-        ("DELETE", false) => "deletecollection",
-        _ => "unknown",
-    }
-}
-
 /// Why a request is allowed (the reason a review gives), or `None` when
 /// RBAC refuses it.
 pub(crate) fn decide(sim: &Sim, user: &User, attrs: &Attributes<'_>) -> Option<String> {

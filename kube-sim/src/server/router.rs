@@ -465,7 +465,8 @@ async fn resource(
         return protobuf_status(&Status::not_acceptable());
     }
     let attrs = authz::Attributes {
-        verb: authz::verb(&parts.method, !tail.is_empty(), query.flag("watch")),
+        verb: spinlink_kube_api::request_verb(&parts.method, !tail.is_empty(), query.flag("watch"))
+            .unwrap_or("unknown"),
         group,
         resource: plural,
         subresource: tail.get(1).copied(),

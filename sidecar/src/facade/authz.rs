@@ -53,13 +53,9 @@ pub fn covers(account: &Account, path: &ResourcePath) -> bool {
 
 /// The read a GET of `path` makes, as RBAC names it.
 pub fn attributes(path: &ResourcePath, watch: bool) -> ReadAttributes {
-    let verb = match (&path.name, watch) {
-        (Some(_), _) => "get",
-        (None, true) => "watch",
-        (None, false) => "list",
-    };
     ReadAttributes {
-        verb,
+        verb: spinlink_kube_api::request_verb(&http::Method::GET, path.name.is_some(), watch)
+            .unwrap_or("get"),
         group: path.group.clone(),
         resource: path.resource.clone(),
         namespace: path.namespace.clone().unwrap_or_default(),
