@@ -728,9 +728,20 @@ pub(super) fn node(o: &Value, now: DateTime<Utc>) -> Vec<Value> {
         json!(address("InternalIP")),
         json!(address("ExternalIP")),
         json!(known(&info["osImage"])),
-        json!(known(&info["kernelVersion"])),
+        json!(kernel_version(info)),
         json!(known(&info["containerRuntimeVersion"])),
     ]
+}
+
+/// The Kernel-Version cell: since Kubernetes 1.35 the server follows the
+/// kernel with the node's architecture, `6.8.0-45-generic (amd64)`
+/// (kubernetes/kubernetes#132402).
+fn kernel_version(info: &Value) -> String {
+    let kernel = str_or(&info["kernelVersion"], "<unknown>");
+    match info["architecture"].as_str().filter(|a| !a.is_empty()) {
+        Some(arch) => format!("{kernel} ({arch})"),
+        None => kernel.to_owned(),
+    }
 }
 
 /// An `events.k8s.io` Event with the core Event's field names, which the
