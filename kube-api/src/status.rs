@@ -272,6 +272,17 @@ impl Status {
         )
     }
 
+    /// 406 for an Accept header naming only media types the server has no
+    /// writer for (`text/html`).
+    pub fn no_representation() -> Self {
+        Self::failure(
+            406,
+            "NotAcceptable",
+            "406: Not Acceptable\n\nAvailable representations: application/json, application/yaml, application/vnd.kubernetes.protobuf, application/json;stream=watch, application/vnd.kubernetes.protobuf;stream=watch".into(),
+            Some(StatusDetails::default()),
+        )
+    }
+
     /// 413 RequestEntityTooLarge.
     pub fn too_large() -> Self {
         Self::failure(
@@ -320,7 +331,13 @@ impl Status {
     /// The HTTP response carrying this status as `application/json`; callers wrap the
     /// bytes in their body type (`.map(...)`).
     pub fn to_http(&self) -> http::Response<Bytes> {
-        let body = serde_json::to_vec(self).unwrap_or_default();
+        // The API server writes its 406 bodies indented, whoever asks.
+        let body = if self.code == 406 {
+            serde_json::to_vec_pretty(self)
+        } else {
+            serde_json::to_vec(self)
+        }
+        .unwrap_or_default();
         let mut resp = http::Response::new(Bytes::from(body));
         *resp.status_mut() = http::StatusCode::from_u16(self.code)
             .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);

@@ -47,6 +47,39 @@ async fn discovery_equals_fixtures() {
     assert_eq!(r.json()["preferredVersion"]["groupVersion"], "apps/v1");
 }
 
+/// Only `/api` and `/apis` are written as aggregated discovery: every other
+/// path asked for that alone answers the recorded 406, byte for byte, as
+/// does a resource asked for a type no API path is written as.
+#[tokio::test]
+async fn what_cannot_be_written_is_refused_as_the_server_does() {
+    let s = start(Sim::new()).await;
+    let aggregated = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    for (path, accept, rel) in [
+        ("/api/v1", aggregated, "api-v1"),
+        ("/apis/apps", aggregated, "group"),
+        ("/apis/apps/v1", aggregated, "group-version"),
+        ("/api/v1/namespaces/fx-a/configmaps", aggregated, "resource"),
+        (
+            "/api/v1/namespaces/fx-a/configmaps",
+            "text/html",
+            "text-html",
+        ),
+    ] {
+        let r = s.get_accept(path, accept).await;
+        let file = match rel {
+            "text-html" => "errors/406-accept-text-html.json".to_owned(),
+            rel => format!("errors/406-aggregated-discovery-{rel}.json"),
+        };
+        assert_eq!(r.status, StatusCode::NOT_ACCEPTABLE, "{path}");
+        assert_eq!(r.content_type(), "application/json", "{path}");
+        assert_eq!(
+            String::from_utf8_lossy(&r.body),
+            String::from_utf8_lossy(&common::fixture_bytes(&file)),
+            "{path}"
+        );
+    }
+}
+
 /// Every group version `/apis` lists is served (kubectl without aggregated
 /// discovery fetches each one), and where a document is derived from the
 /// aggregated form it says what the recorded ones say.

@@ -122,6 +122,27 @@ async fn listing_events_and_queries() -> anyhow::Result<()> {
     assert_eq!(d.status, 200);
     assert_eq!(d.headers["content-type"], "application/json");
     assert_eq!(d.json()["kind"], "APIVersions");
+    // Aggregated discovery alone, where the API server cannot write it:
+    // its 406, byte for byte, from the cache as from the server.
+    for path in ["/accounts/prod/api/v1", "/accounts/prod/api/v1/pods"] {
+        let r = request(
+            &http,
+            "GET",
+            &sidecar.url(path),
+            &[(
+                "accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            )],
+            "",
+        )
+        .await?;
+        assert_eq!(r.status, 406, "{path}");
+        let want = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../kube-sim/fixtures/errors/406-aggregated-discovery-api-v1.json"
+        ))?;
+        assert_eq!(r.body, want, "{path}");
+    }
 
     // LIST, all namespaces, sorted by namespace/name, stale replay ignored.
     let list = get(&http, &sidecar.url("/accounts/prod/api/v1/pods?limit=500")).await?;

@@ -170,6 +170,9 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
         Ok(user) => user,
         Err(s) => return status_response(&s),
     };
+    if let Some(refusal) = spinlink_kube_api::media::refusal(&path, &accept) {
+        return status_response(&refusal);
+    }
     let is_get = parts.method == Method::GET;
     match segs.as_slice() {
         ["version"] if is_get => version(&ctx.sim),

@@ -215,6 +215,12 @@ pub fn fixture(rel: &str) -> Value {
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }
 
+/// A fixture file's bytes, for answers compared byte for byte.
+pub fn fixture_bytes(rel: &str) -> Vec<u8> {
+    let path = format!("{}/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// A fixture's JSON lines.
 pub fn fixture_lines(rel: &str) -> Vec<Value> {
     let path = format!("{}/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"));

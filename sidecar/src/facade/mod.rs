@@ -207,6 +207,10 @@ impl Facade {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        // Answered as the API server would, before the cache or a relay.
+        if let Some(refusal) = spinlink_kube_api::media::refusal(&k8s_path, &accept) {
+            return body::status(&refusal);
+        }
         let rp = ResourcePath::parse(&k8s_path);
         let verb = if openapi::is_openapi(&k8s_path) {
             "openapi"
