@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::{Kubectl, Proc};
+use support::{Kubectl, Proc, http};
 
 #[test]
 fn dev_serves_kubectl_through_the_whole_chain() {
@@ -109,6 +109,21 @@ fn dev_serves_kubectl_through_the_whole_chain() {
         .map(|(id, v)| (id.clone(), vec![b'*'; v.len()]))
         .collect();
     assert_eq!(through, fillers, "secret values left the cluster");
+
+    // The simulated API server is served over TLS, so the agent carries
+    // every list and watch of the account on one HTTP/2 connection.
+    let admin = dev.listening("agent-admin");
+    let (code, metrics) = http(admin, "GET", "/metrics", &[]);
+    assert_eq!(code, 200);
+    let connections = metrics
+        .lines()
+        .find(|l| l.starts_with("spinlink_agent_apiserver_connections{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        connections.is_some_and(|n| (1.0..=4.0).contains(&n)),
+        "{connections:?} connections to the API server\n{metrics}"
+    );
 
     let status = dev.interrupt();
     assert!(

@@ -67,15 +67,18 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let (cluster_kubeconfig, context) = match &args.kubeconfig {
         Some(path) => (absolute(path)?, args.context.clone()),
         None => {
+            // Over TLS, as a real API server: the agent then speaks HTTP/2
+            // to it and carries every watch on one connection.
+            let (tls, ca_pem) = super::kube_sim_tls(&dir.join("pki"))?;
             let server = spinlink_kube_sim::Server::bind(
                 spinlink_kube_sim::Sim::with_demo_workload(),
                 args.kube_sim_listen,
-                None,
+                Some(std::sync::Arc::new(tls)),
             )
             .await
             .with_context(|| format!("binding kube-sim to {}", args.kube_sim_listen))?;
             let path = dir.join("kube-sim.kubeconfig");
-            spinlink_kube_sim::write_kubeconfig(&path, &server.url(), "kube-sim", None)
+            spinlink_kube_sim::write_kubeconfig(&path, &server.url(), "kube-sim", Some(&ca_pem))
                 .with_context(|| format!("writing {}", path.display()))?;
             super::announce("kube-sim", server.local_addr());
             let stop = shutdown.clone();
@@ -171,10 +174,14 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             "keyFile": pki.key(&agent_name),
         },
         "kubernetes": { "accounts": [account] },
+        "admin": { "listen": "127.0.0.1:0" },
     });
     let agent_cfg =
         spinlink_agent::Config::from_file(&write_yaml(&dir, "agent.yaml", &agent_yaml)?)?;
     let agent = spinlink_agent::Agent::new(agent_cfg).context("starting the agent")?;
+    if let Some(admin) = agent.admin_addr() {
+        super::announce("agent-admin", admin);
+    }
     let stop = shutdown.clone();
     tasks.spawn(async move { agent.run(stop).await.context("agent") });
 
