@@ -114,6 +114,7 @@ fn agent_gateway_sidecar_kubectl() {
             && v["online"] == true
             && v["relay"] == true
             && v["discovery"] == true
+            && v["agentSynced"] == true
             && v["kindsTotal"].as_u64().unwrap_or(0) > 0
             && v["kindsSynced"] == v["kindsTotal"];
         ready.then_some(())

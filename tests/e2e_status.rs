@@ -65,11 +65,17 @@ fn status_is_healthy_with_the_chain_up_and_not_once_the_agent_stops() {
         ready_at(sidecar.facade, "prod").then_some(())
     });
 
-    // Healthy: exit 0, and prod's row says so, with who serves it.
-    let healthy = wait_for("status to exit 0", || {
-        let out = status(sidecar.facade, &[]);
-        out.status.success().then_some(out)
-    });
+    // Healthy at once: ready means every kind the agent watches has
+    // synced, as the agent says (`CacheSynced`), not only those whose
+    // listing the sidecar has seen start. Exit 0, and prod's row says so,
+    // with who serves it.
+    let healthy = status(sidecar.facade, &[]);
+    assert!(
+        healthy.status.success(),
+        "{}\n{}",
+        text(&healthy.stdout),
+        text(&healthy.stderr)
+    );
     let stdout = text(&healthy.stdout);
     assert!(!stdout.contains('\x1b'), "coloured into a pipe:\n{stdout}");
     let prod = row(&stdout, "prod").unwrap_or_else(|| panic!("no row for prod:\n{stdout}"));
@@ -81,15 +87,10 @@ fn status_is_healthy_with_the_chain_up_and_not_once_the_agent_stops() {
         "{stdout}"
     );
 
-    // The agent starts each kind's listing as it gets to it, so a kind
-    // may still start after every kind started so far has synced (the
-    // sidecar learns of a kind when its listing starts): wait for healthy
-    // again rather than take one answer.
-    let v: serde_json::Value = wait_for("status -o json to say healthy", || {
-        let json = status(sidecar.facade, &["-o", "json"]);
-        let v: serde_json::Value = serde_json::from_slice(&json.stdout).ok()?;
-        (json.status.success() && v["healthy"] == true).then_some(v)
-    });
+    let json = status(sidecar.facade, &["-o", "json"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["healthy"], true, "{v}");
     let account = &v["accounts"][0];
     assert_eq!(account["name"], "prod", "{v}");
     assert_eq!(account["state"], "online", "{v}");

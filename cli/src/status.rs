@@ -153,6 +153,7 @@ pub struct Account {
     pub offline_seconds: Option<u64>,
     pub kinds_synced: u64,
     pub kinds_total: u64,
+    pub agent_synced: bool,
     pub objects: u64,
     pub last_event: Option<DateTime<Utc>>,
     pub discovery: bool,
@@ -172,6 +173,8 @@ impl Default for Account {
             offline_seconds: None,
             kinds_synced: 0,
             kinds_total: 0,
+            // A sidecar that does not say counts started kinds only.
+            agent_synced: true,
             objects: 0,
             last_event: None,
             discovery: false,
@@ -278,13 +281,18 @@ impl Health {
         if a.online && !a.relay {
             found.push(("NoRelay", "no relay stream: writes and watches fail".into()));
         }
-        if a.kinds_total == 0 || a.kinds_synced < a.kinds_total || !a.discovery {
+        if a.kinds_total == 0 || a.kinds_synced < a.kinds_total || !a.agent_synced || !a.discovery {
             found.push((
                 "Syncing",
                 format!(
-                    "not fully synced: {}/{} kinds{}",
+                    "not fully synced: {}/{} kinds{}{}",
                     a.kinds_synced,
                     a.kinds_total,
+                    if a.agent_synced {
+                        ""
+                    } else {
+                        ", more to start"
+                    },
                     if a.discovery { "" } else { ", no discovery" }
                 ),
             ));

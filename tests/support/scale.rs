@@ -245,6 +245,7 @@ pub fn ready_at(facade: SocketAddr, name: &str) -> bool {
     account(facade, name).is_some_and(|v| {
         v["online"] == true
             && v["relay"] == true
+            && v["agentSynced"] == true
             && v["kindsTotal"].as_u64().unwrap_or(0) > 0
             && v["kindsSynced"] == v["kindsTotal"]
     })

@@ -96,6 +96,7 @@ pub async fn run(
             ca_fingerprint: cluster.ca_fingerprint.clone(),
             namespaces: cluster.filter.namespaces.clone(),
             omit_namespaces: cluster.filter.omit_namespaces.clone(),
+            reports_synced: true,
             reads_as: cluster.impersonate.as_ref().map(|imp| v1::Identity {
                 user: imp.0.clone(),
                 groups: imp.1.clone(),
@@ -302,7 +303,7 @@ impl Watches {
                         let task = tasks.spawn(watch.run(start));
                         running.insert(kind.clone(), (task, notify));
                     }
-                    self.check_synced(&kinds, &done, &mut on_synced);
+                    self.check_synced(&kinds, &done, &mut on_synced).await;
                 }
                 Some(report) = reports.recv() => {
                     let kind = match report {
@@ -310,7 +311,7 @@ impl Watches {
                     };
                     done.insert(kind);
                     let kinds: BTreeSet<WatchedKind> = running.keys().cloned().collect();
-                    self.check_synced(&kinds, &done, &mut on_synced);
+                    self.check_synced(&kinds, &done, &mut on_synced).await;
                 }
                 Some(wanted) = resync.recv() => {
                     for (kind, (_, notify)) in &running {
@@ -337,7 +338,9 @@ impl Watches {
         }
     }
 
-    fn check_synced(
+    /// Once every kind of `kinds` is done: runs `on_synced` and tells the
+    /// sidecar ([`v1::CacheSynced`], after every kind's `SyncEnd`).
+    async fn check_synced(
         &self,
         kinds: &BTreeSet<WatchedKind>,
         done: &BTreeSet<WatchedKind>,
@@ -348,6 +351,10 @@ impl Watches {
             && let Some(f) = on_synced.take()
         {
             info!(account = %self.ctx.account, kinds = kinds.len(), "all kinds synced");
+            self.ctx
+                .outbox
+                .push(cache_up::Msg::Synced(v1::CacheSynced {}))
+                .await;
             f();
         }
     }

@@ -151,6 +151,10 @@ pub struct AccountStatus {
     pub kinds_synced: usize,
     /// Kinds the agent has started to send.
     pub kinds_total: usize,
+    /// The agent said every kind it watches has started and finished its
+    /// first listing (always true for agents that do not say so, whose
+    /// kinds count once started).
+    pub agent_synced: bool,
     /// Objects cached.
     pub objects: usize,
     /// When this sidecar last applied a watch event (an object added,
@@ -191,6 +195,7 @@ impl AccountStatus {
         self.online
             && self.relay
             && self.discovery
+            && self.agent_synced
             && self.kinds_total > 0
             && self.kinds_synced == self.kinds_total
     }
@@ -373,6 +378,9 @@ struct State {
     /// Since when its agent has not reached the cluster's API server, and
     /// why, as its last heartbeat said (`None` while it does).
     api_down: Option<(DateTime<Utc>, String)>,
+    /// Its newest cache stream's agent reports when every kind it watches
+    /// has synced (`CacheOpen.reports_synced`) and has not yet.
+    awaiting_synced: bool,
 }
 
 /// The namespaces an agent watches for an account (`CacheOpen`).
@@ -421,6 +429,7 @@ impl Account {
                 connection: CancellationToken::new(),
                 registration: Registration::default(),
                 api_down: None,
+                awaiting_synced: false,
                 scope: NamespaceScope::default(),
                 reads_as: None,
             }),
@@ -475,17 +484,21 @@ impl Account {
     /// authorized as `reads_as`, opens, unless the account is held by
     /// another identity ([`Account::admits`]): the account is online. The
     /// scope is set first, under the same lock: opening wakes whoever
-    /// registers the account, and the registration carries it.
+    /// registers the account, and the registration carries it. An agent
+    /// that `reports_synced` says when all its kinds have synced
+    /// ([`Account::agent_synced`]); until then the account is not ready.
     pub fn open_cache(
         &self,
         identity: &str,
         scope: NamespaceScope,
         reads_as: Option<authz::ReadIdentity>,
+        reports_synced: bool,
     ) -> Result<(), AccountHeld> {
         {
             let mut s = lock(&self.state);
             held_by_another(&self.name, &s, identity)?;
             s.scope = scope;
+            s.awaiting_synced = reports_synced;
             if s.reads_as != reads_as {
                 lock(&self.decisions).clear();
                 s.reads_as = reads_as;
@@ -494,6 +507,13 @@ impl Account {
         }
         self.changed();
         Ok(())
+    }
+
+    /// Its agent said every kind it watches has finished its first listing
+    /// (`CacheSynced`).
+    pub fn agent_synced(&self) {
+        lock(&self.state).awaiting_synced = false;
+        self.changed();
     }
 
     /// Whom its cached reads are authorized as (`None`: they need no
@@ -757,7 +777,7 @@ impl Account {
 
     /// The account's status (`ownerInstance` is filled in by [`Accounts`]).
     pub fn status(&self) -> AccountStatus {
-        let (identity, presence, streams, relay, offline, registration, api_down) = {
+        let (identity, presence, streams, relay, offline, registration, api_down, awaiting) = {
             let s = lock(&self.state);
             (
                 s.agent_identity.clone(),
@@ -769,6 +789,7 @@ impl Account {
                     .map(|(i, _)| i.elapsed().as_secs()),
                 s.registration.clone(),
                 s.api_down.clone(),
+                s.awaiting_synced,
             )
         };
         let cache = self.read_cache();
@@ -797,6 +818,7 @@ impl Account {
             offline_seconds: offline,
             kinds_synced,
             kinds_total,
+            agent_synced: !awaiting,
             objects,
             last_event: self.last_event(),
             discovery: cache.has_discovery(),
@@ -1154,6 +1176,23 @@ mod tests {
         assert_eq!(a.record_seq(9), (9, true));
     }
 
+    #[test]
+    fn an_agent_that_reports_synced_is_synced_once_it_says_so() {
+        let a = Account::new("a", watch::Sender::new(0), None);
+        let scope = NamespaceScope::default();
+        a.open_cache("id", scope.clone(), None, true).unwrap();
+        // Whatever kinds have started and synced, more may start.
+        assert!(!a.status().agent_synced);
+        a.agent_synced();
+        assert!(a.status().agent_synced);
+        // Each stream says it again.
+        a.open_cache("id", scope.clone(), None, true).unwrap();
+        assert!(!a.status().agent_synced);
+        // An agent that does not report it: its started kinds decide.
+        a.open_cache("id", scope, None, false).unwrap();
+        assert!(a.status().agent_synced);
+    }
+
     #[tokio::test]
     async fn presence_goes_online_stale_removed_and_back() {
         let accounts = Accounts::new().with_instance("me");
@@ -1266,6 +1305,7 @@ mod tests {
             offline_seconds: None,
             kinds_synced: 2,
             kinds_total: 2,
+            agent_synced: true,
             objects: 0,
             last_event: None,
             discovery: true,
@@ -1285,6 +1325,15 @@ mod tests {
         assert!(
             !AccountStatus {
                 relay: false,
+                ..ready.clone()
+            }
+            .ready()
+        );
+        // Every kind started has synced, but the agent has not said that
+        // was all of them.
+        assert!(
+            !AccountStatus {
+                agent_synced: false,
                 ..ready.clone()
             }
             .ready()

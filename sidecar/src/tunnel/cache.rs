@@ -75,6 +75,7 @@ pub fn apply(account: &Account, msg: cache_up::Msg) {
             }
         },
         cache_up::Msg::Discovery(d) => account.write_cache().set_discovery(d.documents),
+        cache_up::Msg::Synced(_) => account.agent_synced(),
     }
 }
 

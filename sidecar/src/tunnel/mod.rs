@@ -226,7 +226,7 @@ impl Tunnel for TunnelService {
         let (name, identity) = verified(request.metadata())?;
         let mut inbound = request.into_inner();
         let open = first(&mut inbound).await?;
-        let (fingerprint, scope, reads_as) = match &open.msg {
+        let (fingerprint, scope, reads_as, reports_synced) = match &open.msg {
             Some(cache_up::Msg::Open(o)) => {
                 check_open(&o.account, &name)?;
                 let scope = NamespaceScope {
@@ -237,7 +237,7 @@ impl Tunnel for TunnelService {
                     user: id.user.clone(),
                     groups: id.groups.clone(),
                 });
-                (o.ca_fingerprint.clone(), scope, reads_as)
+                (o.ca_fingerprint.clone(), scope, reads_as, o.reports_synced)
             }
             _ => return Err(Status::invalid_argument("the first message must be open")),
         };
@@ -299,7 +299,7 @@ impl Tunnel for TunnelService {
         let first = account.presence() != Presence::Online;
         // Checked again: another identity's stream may have opened since.
         account
-            .open_cache(&identity, scope, reads_as)
+            .open_cache(&identity, scope, reads_as, reports_synced)
             .map_err(|e| self.held("cache", &identity, e))?;
         let takeover = match (&self.handover, claimed) {
             (Some(handover), Some(previous)) if first => Some((handover.clone(), previous)),
