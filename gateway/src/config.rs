@@ -64,6 +64,8 @@ pub const DEFAULT_HELLO_PER_SECOND: f64 = 1.0;
 pub const DEFAULT_HELLO_BURST: u32 = 10;
 /// Default bound on a `Hello` request's size.
 pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
+/// Default `listener.maxMessageBytes`: what a sidecar decodes.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = spinlink_proto::MAX_MESSAGE_BYTES;
 /// Seconds between the `Heartbeat`s the gateway sends on every `Control`
 /// stream (the agent reads the gateway's clock from them).
 pub const DEFAULT_CONTROL_HEARTBEAT_SECONDS: u64 = 30;
@@ -262,6 +264,10 @@ pub struct ListenerConfig {
     pub hello_burst: u32,
     /// Largest `Hello` request accepted, in bytes.
     pub max_hello_bytes: usize,
+    /// Largest gRPC message an agent may send on a carried (`Cache`,
+    /// `Relay`) stream, in bytes, read from each message's length prefix:
+    /// a larger one resets the stream before it is forwarded.
+    pub max_message_bytes: usize,
     /// Seconds between `Heartbeat`s on each `Control` stream; 0 sends none.
     pub control_heartbeat_seconds: u64,
     /// Seconds a connection may go without any open stream before it is closed.
@@ -297,6 +303,7 @@ impl Default for ListenerConfig {
             hello_per_second: DEFAULT_HELLO_PER_SECOND,
             hello_burst: DEFAULT_HELLO_BURST,
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             control_heartbeat_seconds: DEFAULT_CONTROL_HEARTBEAT_SECONDS,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             max_connection_age_seconds: 0,
@@ -616,6 +623,12 @@ impl Config {
         }
         if l.max_hello_bytes < 1024 {
             return Err(invalid("maxHelloBytes", "must be at least 1024"));
+        }
+        if !(64 * 1024..=u32::MAX as usize).contains(&l.max_message_bytes) {
+            return Err(invalid(
+                "maxMessageBytes",
+                "must be between 65536 and 4294967295",
+            ));
         }
         if l.max_connection_age_jitter_percent > 50 {
             return Err(invalid(

@@ -19,6 +19,44 @@ use crate::token::{Claims, TokenKey};
 use crate::tunnel::hello::{HelloService, MAX_ACCOUNTS_PER_HELLO};
 use crate::tunnel::{Shared, TunnelLimits};
 
+/// The gRPC message prefixes of carried streams (`relay::messages`): the
+/// first byte is the limit's scale, the second a chunk size, the rest the
+/// stream. The verdict never depends on how the stream is cut into frames,
+/// and is the one a whole-message reading gives: refused exactly when a
+/// prefix, read message by message, declares more than the limit.
+pub fn message_sizes(data: &[u8]) {
+    use crate::relay::messages::{Messages, TooLarge};
+    let [scale, cut, stream @ ..] = data else {
+        return;
+    };
+    let limit = u32::from(*scale) * 16;
+    let whole = Messages::new(limit).read(stream);
+    let mut chunked = Messages::new(limit);
+    let verdict = stream
+        .chunks(usize::from(*cut).max(1))
+        .map(|c| chunked.read(c))
+        .find(Result::is_err)
+        .unwrap_or(Ok(()));
+    assert_eq!(whole, verdict);
+    // The oracle: walk the messages by their prefixes.
+    let mut at = 0usize;
+    let mut expected = Ok(());
+    while at + 5 <= stream.len() {
+        let declared = u32::from_be_bytes([
+            stream[at + 1],
+            stream[at + 2],
+            stream[at + 3],
+            stream[at + 4],
+        ]);
+        if declared > limit {
+            expected = Err(TooLarge { declared, limit });
+            break;
+        }
+        at += 5 + declared as usize;
+    }
+    assert_eq!(whole, expected);
+}
+
 /// The PROXY header parser: never panics; a complete header's length is
 /// within the input and at most the version's bound; the header alone parses
 /// to the same result, and so does the header with anything after it.
@@ -473,6 +511,27 @@ mod tests {
             };
             data.extend_from_slice(&tail);
             proxy_header(&data);
+        }
+
+        #[test]
+        fn message_sizes_any_stream(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            message_sizes(&data);
+        }
+
+        #[test]
+        fn message_sizes_of_well_formed_messages(
+            scale in any::<u8>(),
+            cut in 1u8..40,
+            lens in proptest::collection::vec(0u32..300, 0..8),
+        ) {
+            // Random bytes rarely declare small lengths; these messages do.
+            let mut data = vec![scale, cut];
+            for len in lens {
+                data.push(0);
+                data.extend_from_slice(&len.to_be_bytes());
+                data.extend(std::iter::repeat_n(0xa5, len as usize));
+            }
+            message_sizes(&data);
         }
 
         #[test]

@@ -1,13 +1,16 @@
 //! The listener's limits, each refused and counted by reason: open
 //! connections, the handshake admission rate, the handshake timeout, the
 //! per-identity `Hello` rate, the `Hello` size, carried streams per identity,
-//! streams per connection, and idle connections.
+//! streams per connection, the size of carried messages, and idle
+//! connections.
 
 mod common;
 
 use common::*;
 use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::relay::conn::Glitch;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
+use spinlink_proto::v1::{CacheUp, WatchEvent, cache_up};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -237,4 +240,61 @@ async fn idle_connections_are_closed_but_control_keeps_them() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(gw.stats.metrics().refusals(Refusal::Idle), idle_before);
     hello(&busy, &["dev-1"]).await.unwrap();
+}
+
+/// A `Cache` message whose object is `bytes` long.
+fn event_of(seq: u64, bytes: usize) -> CacheUp {
+    CacheUp {
+        seq,
+        msg: Some(cache_up::Msg::Event(WatchEvent {
+            object: vec![b'x'; bytes],
+            ..WatchEvent::default()
+        })),
+    }
+}
+
+/// A message over `listener.maxMessageBytes` ends its stream as soon as its
+/// length prefix arrives: the agent gets `RESOURCE_EXHAUSTED`, the sidecar
+/// never gets the message, and the agent's connection and other streams
+/// go on. Messages up to the limit are carried.
+#[tokio::test]
+async fn a_message_over_the_limit_ends_its_stream_before_the_sidecar_gets_it() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = gateway(&pki.pki, &sidecar.url(), "  maxMessageBytes: 65536\n").await;
+    let a1 = agent_a1(gw.addr, &pki.pki).await;
+    let t1 = token_for(&a1, "dev-1").await;
+    let (tx, mut down) = acked_cache(&a1, "dev-1", &t1).await;
+
+    tx.send(event_of(2, 60_000)).await.unwrap();
+    assert_eq!(next_ack(&mut down).await.unwrap(), 2);
+    assert_eq!(sidecar.record.lock().unwrap().messages, 2);
+
+    tx.send(event_of(3, 100_000)).await.unwrap();
+    let ended = next_ack(&mut down).await.unwrap_err();
+    assert_eq!(ended.code(), tonic::Code::ResourceExhausted, "{ended:?}");
+    assert_eq!(sidecar.record.lock().unwrap().messages, 2);
+    assert!(gw.stats.metrics().glitches(Glitch::StreamError) >= 1);
+
+    // The same connection carries the agent's next stream.
+    let t2 = token_for(&a1, "dev-2").await;
+    let (tx2, mut down2) = acked_cache(&a1, "dev-2", &t2).await;
+    tx2.send(event_of(2, 1_000)).await.unwrap();
+    assert_eq!(next_ack(&mut down2).await.unwrap(), 2);
+}
+
+#[test]
+fn the_message_limit_is_checked() {
+    let pki = pki();
+    let yaml = |v: &str| {
+        tls_gateway_yaml(
+            &pki.pki,
+            &format!(
+                "upstreams: [{{url: 'http://127.0.0.1:9'}}]\nlistener:\n  maxMessageBytes: {v}\n"
+            ),
+        )
+    };
+    let err = spinlink_gateway::Config::from_yaml_str(&yaml("1000"), "gw.yaml").unwrap_err();
+    assert!(err.to_string().contains("maxMessageBytes"), "{err}");
+    spinlink_gateway::Config::from_yaml_str(&yaml("1048576"), "gw.yaml").unwrap();
 }

@@ -69,6 +69,12 @@ mod tests {
     }
 }
 
+/// The largest `spinlink.v1` message a sidecar decodes (and, by default, a
+/// gateway carries): gRPC's customary 4 MiB, stated rather than inherited.
+/// A watch event holds one object, which the API server keeps under
+/// 1.5 MiB; relayed bodies travel in chunks.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// HTTP/2 header names carried on `Cache` and `Relay` streams.
 pub mod headers {
     /// Sent by the agent: the account a stream serves.

@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::link::{Deliver, Ended, Failure, Fields, Link, Route, Side};
+use super::messages::Messages;
 
 /// Most bytes read and handled in one poll before yielding to other tasks.
 const READ_BUDGET: usize = 256 * 1024;
@@ -138,6 +139,8 @@ pub struct InStream {
     /// Held for the stream's life and dropped with it (the server's stream
     /// slot, lease and gauge).
     pub guard: Option<Box<dyn Send + Sync>>,
+    /// The gRPC messages it carries, when their sizes are limited.
+    messages: Option<Messages>,
 }
 
 impl InStream {
@@ -151,7 +154,17 @@ impl InStream {
             head_seen: false,
             target,
             guard: None,
+            messages: None,
         }
+    }
+
+    /// Reads the gRPC message prefixes in its DATA: one declaring more than
+    /// `limit` bytes resets the stream (`ENHANCE_YOUR_CALM`, which gRPC
+    /// reads as `RESOURCE_EXHAUSTED`) before it is forwarded.
+    #[must_use]
+    pub fn with_message_limit(mut self, limit: u32) -> Self {
+        self.messages = Some(Messages::new(limit));
+        self
     }
 
     /// Keeps `guard` until the stream is gone.
@@ -813,6 +826,16 @@ where
             return self.stream_error(id, Reason::FLOW_CONTROL_ERROR);
         }
         s.window -= i64::from(flow_len);
+        if let Some(Err(too_large)) = s.messages.as_mut().map(|m| m.read(data)) {
+            tracing::warn!(
+                link = %self.link.name(),
+                stream = id,
+                declared = too_large.declared,
+                limit = too_large.limit,
+                "message over listener.maxMessageBytes, stream reset"
+            );
+            return self.stream_error(id, Reason::ENHANCE_YOUR_CALM);
+        }
         let mut release = flow_len - data.len() as u32;
         match &s.target {
             Target::Route(route) => {

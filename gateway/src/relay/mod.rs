@@ -27,6 +27,7 @@ pub mod bridge;
 pub mod client;
 pub mod conn;
 pub mod link;
+pub mod messages;
 pub mod server;
 
 use std::collections::HashMap;

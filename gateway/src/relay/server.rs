@@ -278,6 +278,7 @@ impl AgentRole {
         };
         InStream::new(Target::Route(forward), STREAM_WINDOW)
             .with_guard(Box::new(guard))
+            .with_message_limit(shared.limits.max_message_bytes)
             .recv_closed(end)
     }
 

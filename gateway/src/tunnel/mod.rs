@@ -59,6 +59,9 @@ pub struct TunnelLimits {
     pub hello: KeyedBuckets<Arc<str>>,
     /// Largest `Hello` request decoded (`listener.maxHelloBytes`).
     pub max_hello_bytes: usize,
+    /// Largest message an agent may send on a carried stream
+    /// (`listener.maxMessageBytes`).
+    pub max_message_bytes: u32,
     /// Carried streams per identity (`listener.maxStreamsPerIdentity`).
     pub identity_streams: Arc<Slots<Arc<str>>>,
     /// Between `Heartbeat`s on a `Control` stream
@@ -72,6 +75,7 @@ impl TunnelLimits {
         Self {
             hello: KeyedBuckets::new(listener.hello_per_second, listener.hello_burst),
             max_hello_bytes: listener.max_hello_bytes,
+            max_message_bytes: u32::try_from(listener.max_message_bytes).unwrap_or(u32::MAX),
             identity_streams: Slots::new(listener.max_streams_per_identity),
             control_heartbeat: (listener.control_heartbeat_seconds > 0)
                 .then(|| Duration::from_secs(listener.control_heartbeat_seconds)),

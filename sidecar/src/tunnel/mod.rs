@@ -466,9 +466,10 @@ pub async fn serve(
         .initial_stream_window_size(TUNNEL_STREAM_WINDOW)
         .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
         // Before any handler: a peer that is not a gateway gets nowhere.
-        .add_service(TunnelServer::with_interceptor(service, move |r| {
-            gateways::admit(r, &metrics)
-        }))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            TunnelServer::new(service).max_decoding_message_size(spinlink_proto::MAX_MESSAGE_BYTES),
+            move |r| gateways::admit(r, &metrics),
+        ))
         .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
         .await;
     accept.abort();
