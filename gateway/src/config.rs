@@ -64,6 +64,9 @@ pub const DEFAULT_HELLO_PER_SECOND: f64 = 1.0;
 pub const DEFAULT_HELLO_BURST: u32 = 10;
 /// Default bound on a `Hello` request's size.
 pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
+/// Default `listener.maxBufferedBytes`: half the Helm chart's memory limit
+/// for a gateway pod.
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 * 1024 * 1024;
 /// Default `listener.maxMessageBytes`: what a sidecar decodes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = spinlink_proto::MAX_MESSAGE_BYTES;
 /// Seconds between the `Heartbeat`s the gateway sends on every `Control`
@@ -268,6 +271,10 @@ pub struct ListenerConfig {
     /// `Relay`) stream, in bytes, read from each message's length prefix:
     /// a larger one resets the stream before it is forwarded.
     pub max_message_bytes: usize,
+    /// What all agent connections together may hold for their peers (frames
+    /// waiting for sockets, data waiting behind flow-control windows), in
+    /// bytes; over it, the connections holding the most end first.
+    pub max_buffered_bytes: usize,
     /// Seconds between `Heartbeat`s on each `Control` stream; 0 sends none.
     pub control_heartbeat_seconds: u64,
     /// Seconds a connection may go without any open stream before it is closed.
@@ -304,6 +311,7 @@ impl Default for ListenerConfig {
             hello_burst: DEFAULT_HELLO_BURST,
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             control_heartbeat_seconds: DEFAULT_CONTROL_HEARTBEAT_SECONDS,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             max_connection_age_seconds: 0,
@@ -623,6 +631,9 @@ impl Config {
         }
         if l.max_hello_bytes < 1024 {
             return Err(invalid("maxHelloBytes", "must be at least 1024"));
+        }
+        if l.max_buffered_bytes < 1024 * 1024 {
+            return Err(invalid("maxBufferedBytes", "must be at least 1048576"));
         }
         if !(64 * 1024..=u32::MAX as usize).contains(&l.max_message_bytes) {
             return Err(invalid(

@@ -44,6 +44,8 @@ pub struct Gateway {
     watches: Vec<EndpointSliceDiscovery>,
     health: HealthChecker,
     upstreams: Arc<UpstreamSet>,
+    /// What agent connections may hold together (`listener.maxBufferedBytes`).
+    buffers: Arc<crate::relay::budget::Budget>,
 }
 
 /// A readiness receiver that says "not ready" until [`Gateway::run`]
@@ -223,6 +225,7 @@ impl Gateway {
             settings = settings.with_ingress(ingress);
         }
         Ok(Gateway {
+            buffers: shared.limits.buffers.clone(),
             upstreams: upstreams.clone(),
             dns,
             watches,
@@ -284,6 +287,11 @@ impl Gateway {
             tasks.push(tokio::spawn(watch.run(stopped.clone())));
         }
         tasks.push(tokio::spawn(self.health.run(stopped.clone())));
+        tasks.push(tokio::spawn(
+            self.buffers
+                .clone()
+                .run(self.stats.clone(), stopped.clone()),
+        ));
         let (ready, ready_rx) = watch::channel(false);
         if let Some(admin) = self.admin {
             let admin = admin.with_ready(ready_rx);

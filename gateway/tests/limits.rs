@@ -298,3 +298,45 @@ fn the_message_limit_is_checked() {
     assert!(err.to_string().contains("maxMessageBytes"), "{err}");
     spinlink_gateway::Config::from_yaml_str(&yaml("1048576"), "gw.yaml").unwrap();
 }
+
+/// The buffer budget: an agent that reads nothing of what its sidecar
+/// sends holds what the gateway queued for it; past
+/// `listener.maxBufferedBytes` (together with everyone else) the
+/// connection holding the most ends with GOAWAY `ENHANCE_YOUR_CALM`,
+/// counted as `memory_budget`, and the other agents go on.
+#[tokio::test]
+async fn over_the_buffer_budget_the_connection_holding_the_most_ends() {
+    let pki = pki();
+    let sidecar = FakeSidecar::flooding(&["dev-1", "dev-2"]).await;
+    let gw = gateway(&pki.pki, &sidecar.url(), "  maxBufferedBytes: 1048576\n").await;
+
+    // A well-behaved agent on its own connection, with a quiet account.
+    let good = agent_a1(gw.addr, &pki.pki).await;
+    let t3 = token_for(&good, "dev-3").await;
+    let (tx3, mut down3) = acked_cache(&good, "dev-3", &t3).await;
+
+    // The slow reader: two flooded streams it never reads. Each holds up
+    // to the window the gateway grants the sidecar (1 MiB) less what the
+    // agent's own window took.
+    let slow = agent_a1(gw.addr, &pki.pki).await;
+    let t1 = token_for(&slow, "dev-1").await;
+    let t2 = token_for(&slow, "dev-2").await;
+    let (_tx1, down1) = open_cache(&slow, |s| with_metadata(s, "dev-1", &t1))
+        .await
+        .unwrap();
+    let (_tx2, down2) = open_cache(&slow, |s| with_metadata(s, "dev-2", &t2))
+        .await
+        .unwrap();
+    wait_refusals(&gw.stats, Refusal::MemoryBudget, 1).await;
+    drop((down1, down2));
+    // It lost its connection: a new call on it fails.
+    let again = hello(&slow, &["dev-1"]).await;
+    assert!(again.is_err(), "{again:?}");
+
+    // The good agent was never over anything.
+    tx3.send(CacheUp { seq: 2, msg: None }).await.unwrap();
+    assert_eq!(next_ack(&mut down3).await.unwrap(), 2);
+    assert_eq!(gw.stats.metrics().refusals(Refusal::MemoryBudget), 1);
+    let metrics = gw.stats.metrics();
+    assert_eq!(metrics.buffer_budget_bytes.get(), 1 << 20);
+}

@@ -76,11 +76,14 @@ pub enum Refusal {
     /// for its fault, frames that do no work; by kind in
     /// `spinlink_gateway_h2_glitches_total`): GOAWAY `ENHANCE_YOUR_CALM`.
     Glitches,
+    /// The gateway's buffers were over `listener.maxBufferedBytes` and the
+    /// connection held among the most: GOAWAY `ENHANCE_YOUR_CALM`.
+    MemoryBudget,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 23] = [
+    pub const ALL: [Refusal; 24] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::HandshakeSourceRate,
@@ -104,6 +107,7 @@ impl Refusal {
         Self::HeaderListTooLarge,
         Self::WindowOverflow,
         Self::Glitches,
+        Self::MemoryBudget,
     ];
 
     /// The label value.
@@ -132,6 +136,7 @@ impl Refusal {
             Self::HeaderListTooLarge => "header_list_too_large",
             Self::WindowOverflow => "window_overflow",
             Self::Glitches => "glitches",
+            Self::MemoryBudget => "memory_budget",
         }
     }
 }
@@ -268,6 +273,11 @@ pub struct Metrics {
     pub cert_reloads: Family<ResultLabel, Counter>,
     /// Connections by the real client's network and result (bounded).
     pub client_connections: ClientNetworks,
+    /// Bytes agent connections held at the last sweep (frames for their
+    /// sockets, data behind windows; `listener.maxBufferedBytes`).
+    pub buffered_bytes: Gauge,
+    /// `listener.maxBufferedBytes`.
+    pub buffer_budget_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -298,6 +308,8 @@ impl Default for Metrics {
             cert_not_after: Gauge::default(),
             cert_reloads: Family::default(),
             client_connections: ClientNetworks::default(),
+            buffered_bytes: Gauge::default(),
+            buffer_budget_bytes: Gauge::default(),
         };
         // Metrics are handles onto shared cells: the clones registered here
         // are the same series the fields update.
@@ -388,6 +400,18 @@ impl Default for Metrics {
             m.bytes.clone(),
         );
         registry.register("draining", "1 while draining", m.draining.clone());
+        registry.register_with_unit(
+            "buffered",
+            "What agent connections hold for their peers, at the last sweep",
+            Unit::Bytes,
+            m.buffered_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "buffer_budget",
+            "listener.maxBufferedBytes: over it, the connections holding the most end",
+            Unit::Bytes,
+            m.buffer_budget_bytes.clone(),
+        );
         registry.register_with_unit(
             "drain_duration",
             "Duration of the last drain",

@@ -218,6 +218,13 @@ pub trait Role: Send + 'static {
     /// without being processed, for the refusal count.
     fn refused(&mut self, _why: StreamRefused) {}
 
+    /// The connection holds `bytes` for its peer now ([`super::budget`]);
+    /// `false` when the gateway's buffer budget needs it to end
+    /// ([`Offence::MemoryBudget`]). `cx` is woken when that happens.
+    fn within_budget(&mut self, _cx: &Context<'_>, _bytes: usize) -> bool {
+        true
+    }
+
     /// What the connection's task should do now: drain, idle, age signals.
     /// Registers wakeups for the next one with `cx`.
     fn poll_signal(
@@ -316,6 +323,9 @@ pub enum Offence {
     WindowOverflow,
     /// The misbehaviour budget ran out ([`Glitch`]).
     Glitches,
+    /// The gateway's buffers were over `listener.maxBufferedBytes` and this
+    /// connection held among the most ([`super::budget`]).
+    MemoryBudget,
 }
 
 impl Offence {
@@ -324,7 +334,9 @@ impl Offence {
     /// where RFC 9113 names it.
     pub fn reason(self) -> Reason {
         match self {
-            Self::HeaderListTooLarge | Self::Glitches => Reason::ENHANCE_YOUR_CALM,
+            Self::HeaderListTooLarge | Self::Glitches | Self::MemoryBudget => {
+                Reason::ENHANCE_YOUR_CALM
+            }
             Self::WindowOverflow => Reason::FLOW_CONTROL_ERROR,
         }
     }
@@ -335,6 +347,7 @@ impl Offence {
             Self::HeaderListTooLarge => "header list larger than SETTINGS_MAX_HEADER_LIST_SIZE",
             Self::WindowOverflow => "flow-control window past 2^31-1",
             Self::Glitches => "too many frames or streams that did no work",
+            Self::MemoryBudget => "holding too much of the gateway's buffer budget",
         }
     }
 }
@@ -1109,6 +1122,11 @@ where
     pub fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnError>> {
         self.link.register(cx.waker());
         self.take_shared();
+        let holding = self.wbuf.len() + self.held + self.link.lock().held();
+        if self.closing.is_none() && !self.role.within_budget(cx, holding) {
+            tracing::warn!(link = %self.link.name(), holding, "over the gateway's buffer budget, connection ended");
+            self.offence(Offence::MemoryBudget);
+        }
         if self.closing.is_none() {
             match self.role.poll_signal(cx, self.streams.len(), &self.link) {
                 Signal::None => {}

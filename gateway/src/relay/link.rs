@@ -159,6 +159,8 @@ pub struct Out {
     closed: bool,
     /// The connection-level window the peer granted.
     conn_window: i64,
+    /// Data bytes in every stream's queue.
+    queued: usize,
     /// The peer's SETTINGS_INITIAL_WINDOW_SIZE.
     initial_window: i64,
     /// The peer's SETTINGS_MAX_FRAME_SIZE.
@@ -219,6 +221,7 @@ impl Link {
                 buf: preamble,
                 closed: false,
                 conn_window: i64::from(frame::DEFAULT_WINDOW),
+                queued: 0,
                 initial_window: i64::from(frame::DEFAULT_WINDOW),
                 max_frame: frame::DEFAULT_MAX_FRAME_SIZE as usize,
                 encoder,
@@ -327,6 +330,7 @@ impl Link {
         out.refusing = true;
         out.blocked.clear();
         let mut all: Vec<Route> = out.opened.drain(..).map(|(_, route)| route).collect();
+        out.queued = 0;
         let sources: Vec<Route> = out.streams.drain().filter_map(|(_, s)| s.source).collect();
         for route in sources {
             if !all
@@ -405,7 +409,8 @@ impl Out {
     /// Forgets stream `id`'s sending half without a word to the peer (it
     /// reset the stream).
     pub fn forget(&mut self, id: u32) {
-        if self.streams.remove(&id).is_some() {
+        if let Some(s) = self.streams.remove(&id) {
+            self.queued -= s.queued;
             self.blocked.retain(|&b| b != id);
         }
     }
@@ -413,6 +418,12 @@ impl Out {
     /// Bytes waiting for the socket.
     pub fn buffered(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Bytes held for the peer: waiting for the socket, and queued in
+    /// streams behind the windows it has not granted yet.
+    pub fn held(&self) -> usize {
+        self.buf.len() + self.queued
     }
 
     /// Appends a frame this connection's own task writes (SETTINGS, PING,
@@ -561,6 +572,7 @@ impl Out {
                     let done = bytes.is_empty();
                     s.window -= n as i64;
                     s.queued -= n;
+                    self.queued -= n;
                     self.conn_window -= n as i64;
                     if let Some(source) = &s.source {
                         deliver.credit(source, n);
@@ -634,7 +646,9 @@ impl Out {
 
     /// The stream's sending half is done: forget it and tell the task.
     fn end(&mut self, id: u32, reset: bool) {
-        self.streams.remove(&id);
+        if let Some(s) = self.streams.remove(&id) {
+            self.queued -= s.queued;
+        }
         self.ended.push(Ended { id, reset });
     }
 
@@ -667,6 +681,7 @@ impl Out {
         s.closing = end;
         if !s.queue.is_empty() {
             s.queued += data.len();
+            self.queued += data.len();
             s.queue
                 .push_back(Pending::Data(Bytes::copy_from_slice(data), end));
             return 0;
@@ -678,6 +693,7 @@ impl Out {
         let all = n == data.len();
         if !all {
             s.queued += data.len() - n;
+            self.queued += data.len() - n;
             s.queue
                 .push_back(Pending::Data(Bytes::copy_from_slice(&data[n..]), end));
             self.blocked.push_back(id);

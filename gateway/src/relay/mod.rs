@@ -24,6 +24,7 @@
 //! `spinlink-http2`'s.
 
 pub mod bridge;
+pub mod budget;
 pub mod client;
 pub mod conn;
 pub mod link;

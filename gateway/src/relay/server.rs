@@ -101,6 +101,8 @@ struct AgentRole {
     next_heartbeat: Option<Instant>,
     glitches: TokenBucket,
     timer: Pin<Box<Sleep>>,
+    /// Its place under the gateway's buffer budget.
+    budget: super::budget::Registration,
 }
 
 impl AgentRole {
@@ -435,6 +437,10 @@ impl Role for AgentRole {
         });
     }
 
+    fn within_budget(&mut self, cx: &Context<'_>, bytes: usize) -> bool {
+        self.budget.report(bytes, cx.waker())
+    }
+
     fn poll_signal(
         &mut self,
         cx: &mut Context<'_>,
@@ -538,6 +544,7 @@ pub async fn serve<IO>(
         next_heartbeat: None,
         glitches: TokenBucket::new(GLITCHES_PER_SECOND, GLITCH_BURST, std::time::Instant::now()),
         timer: Box::pin(tokio::time::sleep_until(now)),
+        budget: shared.limits.buffers.register(),
     };
     let bytes = shared.stats.metrics().bytes_counter(true);
     let mut conn = Conn::new(io, link, role, local);
@@ -571,6 +578,7 @@ pub async fn serve<IO>(
                 ConnError::Offence(Offence::HeaderListTooLarge) => Refusal::HeaderListTooLarge,
                 ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
                 ConnError::Offence(Offence::Glitches) => Refusal::Glitches,
+                ConnError::Offence(Offence::MemoryBudget) => Refusal::MemoryBudget,
                 _ => Refusal::PrefaceTimeout,
             });
             tracing::info!(%remote, error = %e, "agent connection ended");

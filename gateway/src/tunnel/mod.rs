@@ -62,6 +62,8 @@ pub struct TunnelLimits {
     /// Largest message an agent may send on a carried stream
     /// (`listener.maxMessageBytes`).
     pub max_message_bytes: u32,
+    /// What all agent connections may hold (`listener.maxBufferedBytes`).
+    pub buffers: Arc<crate::relay::budget::Budget>,
     /// Carried streams per identity (`listener.maxStreamsPerIdentity`).
     pub identity_streams: Arc<Slots<Arc<str>>>,
     /// Between `Heartbeat`s on a `Control` stream
@@ -76,6 +78,7 @@ impl TunnelLimits {
             hello: KeyedBuckets::new(listener.hello_per_second, listener.hello_burst),
             max_hello_bytes: listener.max_hello_bytes,
             max_message_bytes: u32::try_from(listener.max_message_bytes).unwrap_or(u32::MAX),
+            buffers: crate::relay::budget::Budget::new(listener.max_buffered_bytes),
             identity_streams: Slots::new(listener.max_streams_per_identity),
             control_heartbeat: (listener.control_heartbeat_seconds > 0)
                 .then(|| Duration::from_secs(listener.control_heartbeat_seconds)),

@@ -76,7 +76,13 @@ struct FakeTunnel {
     record: Arc<Mutex<Record>>,
     /// `Cache` streams of this account are never read (a stalled sidecar).
     stall: Option<&'static str>,
+    /// `Cache` streams of these accounts get [`FLOOD_BYTES`] sent down at
+    /// once, however slowly the agent reads.
+    flood: &'static [&'static str],
 }
+
+/// What a flooding sidecar sends down each flooded `Cache` stream.
+pub const FLOOD_BYTES: usize = 4 << 20;
 
 type DownStream<T> = ReceiverStream<Result<T, Status>>;
 
@@ -111,9 +117,33 @@ impl Tunnel for FakeTunnel {
                 .get(headers::VERIFIED_ACCOUNT)
                 .is_some_and(|v| v == account)
         });
+        let flooded = request
+            .metadata()
+            .get(headers::VERIFIED_ACCOUNT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|account| self.flood.contains(&account));
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let record = self.record.clone();
+        if flooded {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let kind = "k".repeat(60 << 10);
+                for _ in 0..FLOOD_BYTES / (60 << 10) {
+                    let resync = CacheDown {
+                        msg: Some(cache_down::Msg::Resync(spinlink_proto::v1::Resync {
+                            kinds: vec![spinlink_proto::v1::Kind {
+                                resource: kind.clone(),
+                                ..Default::default()
+                            }],
+                        })),
+                    };
+                    if tx.send(Ok(resync)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         if stalled {
             // Held open, never read: its flow-control windows fill up.
             tokio::spawn(async move {
@@ -222,7 +252,13 @@ impl FakeSidecar {
 
     /// A sidecar over h2c that never reads `account`'s `Cache` streams.
     pub async fn stalling(account: &'static str) -> Self {
-        Self::start_with("127.0.0.1:0".parse().unwrap(), None, Some(account)).await
+        Self::start_with("127.0.0.1:0".parse().unwrap(), None, Some(account), &[]).await
+    }
+
+    /// A sidecar over h2c that sends [`FLOOD_BYTES`] down every `Cache`
+    /// stream of `accounts` as soon as it opens.
+    pub async fn flooding(accounts: &'static [&'static str]) -> Self {
+        Self::start_with("127.0.0.1:0".parse().unwrap(), None, None, accounts).await
     }
 
     /// A sidecar over h2c on a given address (a restarted one).
@@ -263,13 +299,14 @@ impl FakeSidecar {
     }
 
     async fn start(addr: SocketAddr, tls: Option<TlsAcceptor>) -> Self {
-        Self::start_with(addr, tls, None).await
+        Self::start_with(addr, tls, None, &[]).await
     }
 
     async fn start_with(
         addr: SocketAddr,
         tls: Option<TlsAcceptor>,
         stall: Option<&'static str>,
+        flood: &'static [&'static str],
     ) -> Self {
         let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -278,6 +315,7 @@ impl FakeSidecar {
         let server = TunnelServer::new(FakeTunnel {
             record: record.clone(),
             stall,
+            flood,
         });
         tokio::spawn({
             let record = record.clone();
