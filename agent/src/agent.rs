@@ -576,6 +576,14 @@ impl Agent {
     ) -> Result<Link> {
         let client = connect(&self.config.gateway).await?;
         self.metrics.reconnects.inc();
+        // The connection just presented this file's certificate (it is read
+        // on every connect, so a renewed one shows here from the next).
+        if let Some(cert) = &self.config.gateway.cert_file {
+            match spinlink_tls::identity::leaf_not_after(cert) {
+                Ok(not_after) => self.metrics.client_certificate(not_after),
+                Err(e) => warn!(error = %e, "reading the client certificate's expiry"),
+            }
+        }
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
         let answer = session.hello(&[]).await?;
