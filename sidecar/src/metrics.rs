@@ -363,6 +363,11 @@ impl Metrics {
         inner.cache_bytes.clear();
         inner.state.clear();
         for account in accounts.all() {
+            // Deleted (a dynamic account withdrawn) and gone: not an
+            // account any more, rather than one whose agent is missing.
+            if account.withdrawn() && account.presence() == Presence::Removed {
+                continue;
+            }
             let label = vec![("account".to_owned(), account.name().to_owned())];
             let (objects, bytes) = {
                 let cache = account.read_cache();
@@ -458,6 +463,21 @@ mod tests {
             "{text}"
         );
         assert_eq!(verb(&http::Method::GET, false, true), "watch");
+        // An account deleted while offline exports nothing; one merely
+        // gone past its grace period is shown removed.
+        for name in ["gone", "deleted"] {
+            let a = accounts.get_or_create(name);
+            a.cache_opened("id");
+            a.cache_closed();
+            assert!(a.remove_if_offline());
+        }
+        accounts.get_or_create("deleted").withdraw();
+        let text = m.render(&accounts);
+        assert!(
+            text.contains(r#"spinlink_sidecar_account_state{account="gone",state="removed"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"account="deleted""#), "{text}");
         let open = m.cache_watch_opened("prod");
         m.cache_watch_expired("prod");
         let text = m.render(&accounts);
