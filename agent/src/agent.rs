@@ -574,16 +574,17 @@ impl Agent {
         clusters: &[Cluster],
         handoff: &BTreeMap<String, Handoff>,
     ) -> Result<Link> {
-        let client = connect(&self.config.gateway).await?;
-        self.metrics.reconnects.inc();
-        // The connection just presented this file's certificate (it is read
-        // on every connect, so a renewed one shows here from the next).
+        // The certificate this attempt presents, read before dialling (the
+        // file is read on every connect): one that expired, and so fails
+        // every handshake, still shows its date.
         if let Some(cert) = &self.config.gateway.cert_file {
             match spinlink_tls::identity::leaf_not_after(cert) {
                 Ok(not_after) => self.metrics.client_certificate(not_after),
                 Err(e) => warn!(error = %e, "reading the client certificate's expiry"),
             }
         }
+        let client = connect(&self.config.gateway).await?;
+        self.metrics.reconnects.inc();
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
         let answer = session.hello(&[]).await?;

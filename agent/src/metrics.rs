@@ -105,8 +105,9 @@ pub struct Metrics {
     /// Per account, 1 for the state it is in on the current connection
     /// (set from the agent's state at each scrape; none while disconnected).
     pub account_state: Family<AccountStateLabels, Gauge>,
-    /// The client certificate's notAfter, Unix seconds, as of the last
-    /// connection to the gateway (no series without a client certificate).
+    /// The client certificate's notAfter, Unix seconds, read at each
+    /// attempt to connect to the gateway (no series without a client
+    /// certificate).
     pub certificate_not_after: Family<CertificateLabels, Gauge>,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
@@ -213,7 +214,7 @@ impl Metrics {
         // 1970 that every expiry alert would take for an expired one.
         registry.register_with_unit(
             "certificate_not_after",
-            "The client certificate's notAfter as a Unix time, as of the last gateway connection",
+            "The client certificate's notAfter as a Unix time, read at each attempt to connect to the gateway",
             prometheus_client::registry::Unit::Seconds,
             certificate_not_after.clone(),
         );
