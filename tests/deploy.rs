@@ -339,6 +339,12 @@ fn check_schema(obj: &Value) -> Result<(), String> {
                 }
             }),
         ("cert-manager.io/v1", "Issuer") => roundtrip::<cert_manager::Issuer>(obj),
+        ("monitoring.coreos.com/v1", "PodMonitor") => {
+            roundtrip::<support::monitoring::operator::PodMonitor>(obj)
+        }
+        ("monitoring.coreos.com/v1", "PrometheusRule") => {
+            roundtrip::<support::monitoring::operator::PrometheusRule>(obj)
+        }
         _ => Err("no schema known for this apiVersion and kind".to_owned()),
     };
     let result = result.and_then(|()| check_names(obj));

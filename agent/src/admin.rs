@@ -90,7 +90,11 @@ pub fn answer(
             text,
             "not connected to a gateway\n".into(),
         ),
-        "/metrics" => reply(http::StatusCode::OK, METRICS_CONTENT_TYPE, metrics.encode()),
+        "/metrics" => reply(
+            http::StatusCode::OK,
+            METRICS_CONTENT_TYPE,
+            metrics.encode_with_state(state),
+        ),
         "/accounts" => {
             let accounts: serde_json::Map<String, serde_json::Value> = state
                 .accounts

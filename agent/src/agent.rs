@@ -574,6 +574,15 @@ impl Agent {
         clusters: &[Cluster],
         handoff: &BTreeMap<String, Handoff>,
     ) -> Result<Link> {
+        // The certificate this attempt presents, read before dialling (the
+        // file is read on every connect): one that expired, and so fails
+        // every handshake, still shows its date.
+        if let Some(cert) = &self.config.gateway.cert_file {
+            match spinlink_tls::identity::leaf_not_after(cert) {
+                Ok(not_after) => self.metrics.client_certificate(not_after),
+                Err(e) => warn!(error = %e, "reading the client certificate's expiry"),
+            }
+        }
         let client = connect(&self.config.gateway).await?;
         self.metrics.reconnects.inc();
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;

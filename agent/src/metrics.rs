@@ -44,6 +44,25 @@ pub struct AccountLabels {
     pub account: String,
 }
 
+/// Labels: account and the state it is in on the current connection.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccountStateLabels {
+    /// The account.
+    pub account: String,
+    /// `streaming`, `synced`, `standby` or `refused`.
+    pub state: String,
+}
+
+/// Labels: which certificate.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabels {
+    /// `client`: the one the agent presents to the gateway.
+    pub certificate: String,
+}
+
+/// The states of [`AccountStateLabels`], in the order they are exported.
+const ACCOUNT_STATES: [&str; 4] = ["streaming", "synced", "standby", "refused"];
+
 /// Every metric the agent keeps.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -80,6 +99,16 @@ pub struct Metrics {
     pub control_heartbeats: Counter,
     /// Open TCP connections to the account's API server, per account.
     pub apiserver_connections: Family<AccountLabels, Gauge>,
+    /// 1 while a gateway connection is up and `Hello` was answered (set
+    /// from the agent's state at each scrape).
+    pub connected: Gauge,
+    /// Per account, 1 for the state it is in on the current connection
+    /// (set from the agent's state at each scrape; none while disconnected).
+    pub account_state: Family<AccountStateLabels, Gauge>,
+    /// The client certificate's notAfter, Unix seconds, read at each
+    /// attempt to connect to the gateway (no series without a client
+    /// certificate).
+    pub certificate_not_after: Family<CertificateLabels, Gauge>,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
     pub active: crate::cache::active::WatchTable,
@@ -110,6 +139,9 @@ impl Metrics {
         let gateway_clock_offset = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let control_heartbeats = Counter::default();
         let apiserver_connections = Family::<AccountLabels, Gauge>::default();
+        let connected = Gauge::default();
+        let account_state = Family::<AccountStateLabels, Gauge>::default();
+        let certificate_not_after = Family::<CertificateLabels, Gauge>::default();
         registry.register("events", "Watch events sent", events.clone());
         registry.register("bytes", "Object bytes sent", bytes.clone());
         registry.register("watches", "Watches running", watches.clone());
@@ -167,6 +199,25 @@ impl Metrics {
             "Open TCP connections to the account's API server",
             apiserver_connections.clone(),
         );
+        registry.register(
+            "connected",
+            "1 while connected to a gateway with Hello answered",
+            connected.clone(),
+        );
+        registry.register(
+            "account_state",
+            "1 for the state each account is in on the current gateway connection (streaming, synced, standby, refused)",
+            account_state.clone(),
+        );
+        // A family, so an agent without a client certificate (JWT
+        // bootstrap, plaintext) exports no series rather than a notAfter of
+        // 1970 that every expiry alert would take for an expired one.
+        registry.register_with_unit(
+            "certificate_not_after",
+            "The client certificate's notAfter as a Unix time, read at each attempt to connect to the gateway",
+            prometheus_client::registry::Unit::Seconds,
+            certificate_not_after.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             events,
@@ -184,6 +235,9 @@ impl Metrics {
             gateway_clock_offset,
             control_heartbeats,
             apiserver_connections,
+            connected,
+            account_state,
+            certificate_not_after,
             active: crate::cache::active::WatchTable::default(),
         }
     }
@@ -223,6 +277,42 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// Records the client certificate's notAfter (Unix seconds).
+    pub fn client_certificate(&self, not_after: i64) {
+        self.certificate_not_after
+            .get_or_create(&CertificateLabels {
+                certificate: "client".to_owned(),
+            })
+            .set(not_after);
+    }
+
+    /// The metrics in Prometheus text format, with the connection and
+    /// account gauges set from `state` first, so a scrape always agrees
+    /// with `/readyz` and `/accounts`.
+    pub fn encode_with_state(&self, state: &crate::state::AgentState) -> String {
+        use crate::state::AccountState;
+        self.connected.set(i64::from(state.connected));
+        // Accounts gone since the last scrape lose their series.
+        self.account_state.clear();
+        for (account, s) in &state.accounts {
+            let current = match s {
+                AccountState::Streaming => "streaming",
+                AccountState::Synced => "synced",
+                AccountState::Standby => "standby",
+                AccountState::Refused(_) => "refused",
+            };
+            for name in ACCOUNT_STATES {
+                self.account_state
+                    .get_or_create(&AccountStateLabels {
+                        account: account.clone(),
+                        state: name.to_owned(),
+                    })
+                    .set(i64::from(name == current));
+            }
+        }
+        self.encode()
     }
 
     /// The metrics in Prometheus text format.
@@ -267,6 +357,42 @@ mod tests {
         assert!(
             text.contains("spinlink_agent_events_total{account=\"dev\",kind=\"pods\"} 3"),
             "{text}"
+        );
+        assert!(
+            !text.contains("spinlink_agent_certificate_not_after_seconds{"),
+            "no client certificate read yet: {text}"
+        );
+    }
+
+    #[test]
+    fn state_and_certificate_gauges_follow_the_agent() {
+        use crate::state::{AccountState, AgentState};
+        let m = Metrics::new();
+        m.client_certificate(1_900_000_000);
+        let mut state = AgentState {
+            connected: true,
+            ..AgentState::default()
+        };
+        state.accounts.insert("dev".into(), AccountState::Synced);
+        state
+            .accounts
+            .insert("prod".into(), AccountState::Refused("policy".into()));
+        let text = m.encode_with_state(&state);
+        for line in [
+            "spinlink_agent_connected 1",
+            "spinlink_agent_account_state{account=\"dev\",state=\"synced\"} 1",
+            "spinlink_agent_account_state{account=\"dev\",state=\"streaming\"} 0",
+            "spinlink_agent_account_state{account=\"prod\",state=\"refused\"} 1",
+            "spinlink_agent_certificate_not_after_seconds{certificate=\"client\"} 1900000000",
+        ] {
+            assert!(text.contains(line), "{line} missing: {text}");
+        }
+        // Disconnected: no account has a state any more.
+        let text = m.encode_with_state(&AgentState::default());
+        assert!(text.contains("spinlink_agent_connected 0"), "{text}");
+        assert!(
+            !text.contains("spinlink_agent_account_state{"),
+            "stale account series: {text}"
         );
     }
 }

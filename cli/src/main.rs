@@ -251,6 +251,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             if let Some(peer) = sidecar.peer_addr() {
                 announce("sidecar-peer", peer);
             }
+            if let Some(metrics) = sidecar.metrics_addr() {
+                announce("sidecar-metrics", metrics);
+            }
             drain(sidecar.run(shutdown.clone()), &shutdown).await
         }
         Command::KubeSim(args) => {

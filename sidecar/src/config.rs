@@ -110,6 +110,10 @@ pub struct Config {
     /// fetch account snapshots from (absent: neither, which only a store no
     /// other sidecar shares allows).
     pub peer: PeerConfig,
+    /// A listener serving only `/metrics`, for Prometheus to scrape over
+    /// the pod network (absent: none; the facade, on loopback, serves
+    /// `/metrics` too).
+    pub metrics: MetricsConfig,
     /// Where this configuration came from (a file name), for error messages.
     #[serde(skip)]
     pub origin: String,
@@ -126,6 +130,7 @@ impl Default for Config {
             clouddriver: None,
             ownership: OwnershipConfig::default(),
             peer: PeerConfig::default(),
+            metrics: MetricsConfig::default(),
             origin: "<default>".to_owned(),
         }
     }
@@ -196,6 +201,16 @@ impl Default for FacadeConfig {
             openapi_cache_bytes: DEFAULT_OPENAPI_CACHE_BYTES,
         }
     }
+}
+
+/// The metrics listener: plain HTTP serving `/metrics` and nothing else
+/// (no account data, no rights in any cluster), so unlike the facade it may
+/// listen on the pod's address.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct MetricsConfig {
+    /// Address to listen on (absent: no metrics listener).
+    pub listen: Option<SocketAddr>,
 }
 
 /// Account ownership across sidecars sharing one store.
@@ -1050,6 +1065,14 @@ mod tests {
         for addr in ["127.0.0.1:7002", "127.0.0.2:0", "[::1]:7002"] {
             with(&format!("facade: {{ listen: '{addr}' }}\n")).unwrap();
         }
+    }
+
+    #[test]
+    fn the_metrics_listener_is_off_unless_named_and_may_use_any_address() {
+        assert!(with("").unwrap().metrics.listen.is_none());
+        let c = with("metrics: { listen: '0.0.0.0:7010' }\n").unwrap();
+        assert_eq!(c.metrics.listen, Some(parse_addr("0.0.0.0:7010")));
+        refused("metrics: { port: 7010 }\n", "port");
     }
 
     #[test]

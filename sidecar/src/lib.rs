@@ -39,6 +39,9 @@ pub use config::Config;
 
 /// How long the tunnel may take to close its connections after shutdown.
 pub const DEFAULT_TUNNEL_DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// How long an open scrape on the metrics listener may take to finish once
+/// the sidecar drains.
+pub const DEFAULT_METRICS_DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// Why the sidecar could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +108,8 @@ pub struct Sidecar {
     facade_addr: SocketAddr,
     /// The peer port, when served.
     peer: Option<Peer>,
+    /// The metrics listener, when configured.
+    metrics_listener: Option<(TcpListener, SocketAddr)>,
     security: tunnel::Security,
     accounts: Accounts,
     journal: accounts::journal::Writer,
@@ -191,7 +196,27 @@ impl Sidecar {
             }
             None
         };
+        let metrics_listener = match config.metrics.listen {
+            Some(addr) => Some(bind_listener("metrics", addr).await?),
+            None => None,
+        };
         let metrics = metrics::Metrics::default();
+        // The files were loaded above, so they are read again here only
+        // for the date; a failure now is a file changed meanwhile.
+        let served = [
+            ("tunnel", config.tunnel.tls.as_ref().map(|t| &t.cert_file)),
+            ("peer", config.peer.tls.as_ref().map(|t| &t.cert_file)),
+        ];
+        for (listener, cert) in served {
+            if let Some(cert) = cert {
+                match spinlink_tls::identity::leaf_not_after(cert) {
+                    Ok(not_after) => metrics.certificate(listener, not_after),
+                    Err(e) => {
+                        tracing::warn!(listener, error = %e, "reading the certificate's expiry")
+                    }
+                }
+            }
+        }
         let (journal, journal_writer) = accounts::journal::Journal::new(
             store.clone(),
             &config.instance_id,
@@ -208,6 +233,7 @@ impl Sidecar {
             facade,
             facade_addr,
             peer,
+            metrics_listener,
             security,
             accounts,
             journal: journal_writer,
@@ -230,6 +256,11 @@ impl Sidecar {
     /// The peer port's address, when it is served.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer.as_ref().map(|p| p.addr)
+    }
+
+    /// The metrics listener's address, when configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().map(|(_, addr)| *addr)
     }
 
     /// A handle on the accounts registry, usable after `run` starts.
@@ -356,6 +387,30 @@ impl Sidecar {
                 peer_stop.clone(),
             ))
         });
+        // `/metrics` only, answered as the facade answers it; it stops with
+        // the facade.
+        let metrics_server = self.metrics_listener.map(|(listener, addr)| {
+            tracing::info!(metrics = %addr, "metrics listening");
+            let facade = facade_impl.clone();
+            tokio::spawn(facade::serve_http(
+                listener,
+                "metrics",
+                move |req| {
+                    let facade = facade.clone();
+                    async move {
+                        if req.uri().path() == "/metrics" {
+                            facade.handle(req).await
+                        } else {
+                            facade::body::status(&spinlink_kube_api::Status::not_found_message(
+                                "only /metrics is served here",
+                            ))
+                        }
+                    }
+                },
+                shutdown.clone(),
+                DEFAULT_METRICS_DRAIN_GRACE,
+            ))
+        });
         let facade = tokio::spawn({
             let serve = facade::serve(self.facade, facade_impl, shutdown.clone());
             let streams = streams.clone();
@@ -395,6 +450,10 @@ impl Sidecar {
             }
         };
         let facade_result = facade.await;
+        let metrics_result = match metrics_server {
+            Some(server) => server.await,
+            None => Ok(()),
+        };
         journal_stop.cancel();
         let journal_result = journal.await;
         let lifecycle_result = lifecycle.await;
@@ -434,6 +493,7 @@ impl Sidecar {
         owning_result.map_err(|e| Error::Task("ownership", e))?;
         journal_result.map_err(|e| Error::Task("journal", e))?;
         peer_result.map_err(|e| Error::Task("peer", e))?;
+        metrics_result.map_err(|e| Error::Task("metrics", e))?;
         lifecycle_result.map_err(|e| Error::Task("lifecycle", e))?;
         facade_result.map_err(|e| Error::Task("facade", e))?;
         if let Some(r) = tunnel_result {

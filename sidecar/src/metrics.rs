@@ -65,6 +65,7 @@ struct Inner {
     resource_version_writes: Counter,
     openapi_bytes: Gauge,
     openapi_documents: Gauge,
+    certificate_not_after: Family<Labels, Gauge>,
 }
 
 /// Holds one open cache-served watch in the gauge; dropping it lets go.
@@ -198,9 +199,19 @@ impl Metrics {
             "Distinct OpenAPI documents the facade holds (accounts with the same document share one)",
             openapi_documents.clone(),
         );
+        // A family: a listener without TLS exports no series, rather than a
+        // notAfter of 1970 that expiry alerts would take for an expired one.
+        let certificate_not_after = Family::<Labels, Gauge>::default();
+        registry.register_with_unit(
+            "certificate_not_after",
+            "The notAfter of the certificate each TLS listener serves (tunnel, peer) as a Unix time",
+            prometheus_client::registry::Unit::Seconds,
+            certificate_not_after.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
+                certificate_not_after,
                 openapi_bytes,
                 openapi_documents,
                 cache_watches,
@@ -220,6 +231,15 @@ impl Metrics {
                 state,
             }),
         }
+    }
+
+    /// Records the notAfter (Unix seconds) of the certificate `listener`
+    /// (`tunnel`, `peer`) serves.
+    pub fn certificate(&self, listener: &str, not_after: i64) {
+        self.inner
+            .certificate_not_after
+            .get_or_create(&vec![("listener".to_owned(), listener.to_owned())])
+            .set(not_after);
     }
 
     /// Counts relayed operations the journal's full queue dropped.
@@ -343,6 +363,11 @@ impl Metrics {
         inner.cache_bytes.clear();
         inner.state.clear();
         for account in accounts.all() {
+            // Deleted (a dynamic account withdrawn) and gone: not an
+            // account any more, rather than one whose agent is missing.
+            if account.withdrawn() && account.presence() == Presence::Removed {
+                continue;
+            }
             let label = vec![("account".to_owned(), account.name().to_owned())];
             let (objects, bytes) = {
                 let cache = account.read_cache();
@@ -438,6 +463,21 @@ mod tests {
             "{text}"
         );
         assert_eq!(verb(&http::Method::GET, false, true), "watch");
+        // An account deleted while offline exports nothing; one merely
+        // gone past its grace period is shown removed.
+        for name in ["gone", "deleted"] {
+            let a = accounts.get_or_create(name);
+            a.cache_opened("id");
+            a.cache_closed();
+            assert!(a.remove_if_offline());
+        }
+        accounts.get_or_create("deleted").withdraw();
+        let text = m.render(&accounts);
+        assert!(
+            text.contains(r#"spinlink_sidecar_account_state{account="gone",state="removed"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"account="deleted""#), "{text}");
         let open = m.cache_watch_opened("prod");
         m.cache_watch_expired("prod");
         let text = m.render(&accounts);
@@ -450,8 +490,19 @@ mod tests {
             "{text}"
         );
         drop(open);
+        assert!(
+            !text.contains("spinlink_sidecar_certificate_not_after_seconds{"),
+            "no TLS listener recorded yet: {text}"
+        );
+        m.certificate("tunnel", 1_900_000_000);
         m.openapi_cache(4096, 2);
         let text = m.render(&accounts);
+        assert!(
+            text.contains(
+                r#"spinlink_sidecar_certificate_not_after_seconds{listener="tunnel"} 1900000000"#
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("spinlink_sidecar_openapi_cache_bytes 4096")
                 && text.contains("spinlink_sidecar_openapi_cache_documents 2"),

@@ -6,6 +6,7 @@
 pub mod balancer;
 pub mod chain;
 pub mod chart;
+pub mod monitoring;
 pub mod netns;
 pub mod scale;
 pub mod store;

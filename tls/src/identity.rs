@@ -72,6 +72,21 @@ pub fn valid_at(cert: &CertificateDer<'_>, now: i64) -> Result<bool> {
     Ok(validity.not_before.timestamp() <= now && now <= validity.not_after.timestamp())
 }
 
+/// The certificate's notAfter in Unix seconds: what the components export
+/// as `certificate_not_after_seconds`, so an alert can warn before it ends.
+pub fn not_after(cert: &CertificateDer<'_>) -> Result<i64> {
+    let (_, x509) = X509Certificate::from_der(cert).map_err(|e| Error::X509(e.to_string()))?;
+    Ok(x509.validity().not_after.timestamp())
+}
+
+/// The notAfter (Unix seconds) of the leaf, the first certificate, of the
+/// PEM file at `path`.
+pub fn leaf_not_after(path: &std::path::Path) -> Result<i64> {
+    let certs = crate::pem::load_certs(path)?;
+    // load_certs refuses a file without a certificate.
+    not_after(&certs[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +114,28 @@ mod tests {
             !valid_at(&cert, now - 7 * 24 * 3600).unwrap(),
             "not yet valid"
         );
+    }
+
+    #[test]
+    fn not_after_is_the_end_of_validity_in_unix_seconds() {
+        let ca = DevCa::generate("test ca").unwrap();
+        let leaf = ca
+            .issue(&Leaf::client("a").with_validity(std::time::Duration::from_secs(3600)))
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let end = not_after(&der(&leaf.cert_pem)).unwrap();
+        assert!((now + 3500..=now + 3700).contains(&end), "{end} vs {now}");
+        // From a file, the leaf: the first certificate, not the CA after it.
+        let dir = tempfile::tempdir().unwrap();
+        let chain = format!("{}{}", leaf.cert_pem, ca.cert_pem());
+        let path = dir.path().join("chain.crt");
+        std::fs::write(&path, chain).unwrap();
+        assert_eq!(leaf_not_after(&path).unwrap(), end);
+        std::fs::write(&path, "not a certificate").unwrap();
+        assert!(leaf_not_after(&path).is_err());
     }
 
     #[test]

@@ -53,6 +53,14 @@ names.
 {{- printf "spiffe://spinlink/gateway/%s" (include "spinlink.fullname" .) -}}
 {{- end -}}
 
+{{/*
+"true" when the sidecars serve /metrics on the pod network: asked for, or
+needed by the PodMonitor.
+*/}}
+{{- define "spinlink.sidecar.metrics" -}}
+{{- or .Values.sidecar.metrics.enabled .Values.monitoring.podMonitor.enabled -}}
+{{- end -}}
+
 {{- define "spinlink.sidecar.tlsSecretName" -}}
 {{- default (printf "%s-sidecar-tls" (include "spinlink.fullname" .)) .Values.sidecar.tlsSecretName -}}
 {{- end -}}
@@ -160,6 +168,9 @@ only the gateway's internal identity (or sidecar.gatewayIdentities).
 {{- $peerTls := dict "certFile" "/etc/spinlink/tls/tls.crt" "keyFile" "/etc/spinlink/tls/tls.key" "caFile" "/etc/spinlink/tls/ca.crt" "peerIdentities" $peers -}}
 {{- $peer := dict "listen" (printf "0.0.0.0:%d" (int $s.peerPort)) "tls" $peerTls -}}
 {{- $config := dict "tunnel" (dict "listen" (printf "0.0.0.0:%d" (int $s.tunnelPort)) "tls" $tls) "facade" (dict "listen" (printf "127.0.0.1:%d" (int $s.facadePort))) "peer" $peer "store" (dict "url" (include "spinlink.sidecar.storeUrl" .)) -}}
+{{- if eq (include "spinlink.sidecar.metrics" .) "true" -}}
+{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int $s.metrics.port))) -}}
+{{- end -}}
 {{- $r := $s.clouddriver.registration -}}
 {{- if $r.enabled -}}
 {{- $account := dict "namespaces" $r.namespaces "permissions" $r.permissions "onlySpinnakerManaged" $r.onlySpinnakerManaged -}}
@@ -257,6 +268,11 @@ spec:
             - name: spinlink-peer
               containerPort: {{ $s.peerPort }}
               protocol: TCP
+            {{- if eq (include "spinlink.sidecar.metrics" $) "true" }}
+            - name: spinlink-metrics
+              containerPort: {{ $s.metrics.port }}
+              protocol: TCP
+            {{- end }}
           readinessProbe:
             tcpSocket:
               port: spinlink-tunnel
