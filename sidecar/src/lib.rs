@@ -24,13 +24,15 @@ pub mod metrics;
 pub mod ownership;
 pub mod peer;
 pub mod store;
+pub mod tls_reload;
 pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spinlink_tls::config::{ALPN_H2, ClientAuth, ServerFiles, server_config};
+use spinlink_tls::config::{ALPN_H2, ClientAuth, ServerFiles};
+use spinlink_tls::reload::ReloadingServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -116,6 +118,8 @@ pub struct Sidecar {
     metrics: metrics::Metrics,
     store: store::Store,
     cipher: Option<dynamic::crypto::Cipher>,
+    /// Certificates reloaded while it runs ([`tls_reload`]).
+    reloading: Vec<(&'static str, tls_reload::Reloading)>,
 }
 
 async fn bind_listener(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
@@ -132,7 +136,7 @@ impl Sidecar {
         config.validate()?;
         let security = match (&config.tunnel.tls, config.tunnel.insecure) {
             (Some(tls), _) => {
-                let server = server_config(
+                let server = ReloadingServer::load(
                     ServerFiles {
                         cert: &tls.cert_file,
                         key: &tls.key_file,
@@ -142,7 +146,7 @@ impl Sidecar {
                     &[ALPN_H2],
                 )?;
                 tunnel::Security::Tls {
-                    acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+                    tls: server,
                     gateways: Arc::new(tunnel::gateways::Gateways::new(
                         tls.gateway_identities.iter().cloned(),
                     )),
@@ -226,7 +230,20 @@ impl Sidecar {
         let accounts = Accounts::new()
             .with_journal(journal)
             .with_instance(&config.instance_id);
+        let mut reloading = Vec::new();
+        if let tunnel::Security::Tls { tls, .. } = &security {
+            reloading.push(("tunnel", tls_reload::Reloading::Server(tls.clone())));
+        }
+        if let Some(peer) = &peer {
+            if let peer::Security::Tls { tls, .. } = &peer.security {
+                reloading.push(("peer", tls_reload::Reloading::Server(tls.clone())));
+            }
+            if let Some(cert) = peer.client.certificate() {
+                reloading.push(("peer-client", tls_reload::Reloading::Client(cert.clone())));
+            }
+        }
         Ok(Sidecar {
+            reloading,
             config,
             tunnel,
             tunnel_addr,
@@ -297,6 +314,11 @@ impl Sidecar {
         // Outlives the facade: the operations it relays last are journaled.
         let journal_stop = CancellationToken::new();
         let journal = tokio::spawn(self.journal.run(journal_stop.clone()));
+        tokio::spawn(tls_reload::run(
+            self.reloading.clone(),
+            self.metrics.clone(),
+            shutdown.clone(),
+        ));
         let handover = handover::Handover::new(
             self.accounts.clone(),
             handover::Settings {

@@ -6,6 +6,7 @@
 
 mod common;
 
+use anyhow::Context as _;
 use common::*;
 use spinlink_proto::headers;
 use spinlink_proto::v1::{AssignmentsOpen, AssignmentsUp, assignments_up, relay_down};
@@ -149,4 +150,72 @@ async fn forged_verified_headers_over_an_agent_certificate_change_nothing() -> a
     drop(up);
     drop(cache);
     sidecar.stop().await
+}
+
+/// The certificate the tunnel serves to a gateway's handshake now.
+async fn served_certificate(
+    addr: std::net::SocketAddr,
+    pki: &DevPki,
+) -> anyhow::Result<rustls::pki_types::CertificateDer<'static>> {
+    use spinlink_tls::config::{ALPN_H2, ClientFiles, client_config};
+    let config = client_config(
+        ClientFiles {
+            ca: &pki.ca_cert(),
+            identity: Some((&pki.cert("gateway"), &pki.key("gateway"))),
+        },
+        &[ALPN_H2],
+    )?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect("localhost".try_into()?, tcp)
+        .await?;
+    let certs = tls.get_ref().1.peer_certificates().unwrap_or_default();
+    Ok(certs
+        .first()
+        .cloned()
+        .context("no certificate")?
+        .into_owned())
+}
+
+/// Certificate rotation without a restart: a renewed tunnel certificate
+/// written over the old one (as cert-manager rewrites a mounted Secret) is
+/// what the next handshakes get, within the reload interval, and the
+/// expiry gauge follows it.
+#[tokio::test]
+async fn a_renewed_tunnel_certificate_is_served_without_a_restart() -> anyhow::Result<()> {
+    use spinlink_tls::dev::{DevCa, Leaf};
+    let dir = tempfile::tempdir()?;
+    let pki = DevPki::ensure(dir.path(), &[])?;
+    let sidecar = start_tls(&pki, dir.path()).await?;
+    let before = served_certificate(sidecar.tunnel, &pki).await?;
+
+    let renewed = DevCa::load(dir.path())?.issue(
+        &Leaf::server("spinlink-sidecar")
+            .with_dns("localhost")
+            .with_uri(&spinlink_tls::dev::dev_sidecar_identity()),
+    )?;
+    renewed.write(dir.path(), "sidecar")?;
+    let want = spinlink_tls::pem::load_certs(&pki.cert("sidecar"))?.remove(0);
+    assert_ne!(before, want);
+    let deadline = tokio::time::Instant::now()
+        + spinlink_sidecar::tls_reload::RELOAD_INTERVAL
+        + std::time::Duration::from_secs(10);
+    loop {
+        let served = served_certificate(sidecar.tunnel, &pki).await?;
+        if served == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still the old certificate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // The gateway's streams go on over the new certificate.
+    let mut gateway = tls_client(sidecar.tunnel, &pki, Some("gateway")).await?;
+    let mut cache = CacheStream::open(&mut gateway, "prod").await?;
+    cache.wait_acked().await?;
+    drop(cache);
+    sidecar.stop().await?;
+    Ok(())
 }

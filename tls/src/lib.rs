@@ -12,6 +12,7 @@ pub mod config;
 pub mod dev;
 pub mod identity;
 pub mod pem;
+pub mod reload;
 
 use std::path::PathBuf;
 

@@ -22,7 +22,7 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use spinlink_tls::config::{provider, root_store};
-use spinlink_tls::pem::{load_certs, load_key};
+use spinlink_tls::reload::ReloadingClientCert;
 
 use crate::config::PeerTlsConfig;
 use crate::facade::body::BoxError;
@@ -39,6 +39,9 @@ pub type PeerBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, PeerBody>,
+    /// The certificate presented, re-read from its files while the sidecar
+    /// runs (`None` in plain HTTP).
+    cert: Option<Arc<ReloadingClientCert>>,
 }
 
 impl Default for Client {
@@ -63,12 +66,21 @@ impl Client {
     /// peer's checked against the CA and the identities.
     pub fn tls(tls: &PeerTlsConfig) -> spinlink_tls::Result<Self> {
         let verifier = SidecarVerifier::new(tls)?;
+        let cert = ReloadingClientCert::load(&tls.cert_file, &tls.key_file)?;
         let config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_client_auth_cert(load_certs(&tls.cert_file)?, load_key(&tls.key_file)?)?;
-        Ok(Self::build(config, true))
+            .with_client_cert_resolver(cert.clone());
+        Ok(Self {
+            cert: Some(cert),
+            ..Self::build(config, true)
+        })
+    }
+
+    /// The certificate presented, for reloading.
+    pub fn certificate(&self) -> Option<&Arc<ReloadingClientCert>> {
+        self.cert.as_ref()
     }
 
     fn build(tls: ClientConfig, https_only: bool) -> Self {
@@ -85,6 +97,7 @@ impl Client {
         Self {
             inner: hyper_util::client::legacy::Client::builder(TokioExecutor::new())
                 .build(connector),
+            cert: None,
         }
     }
 

@@ -32,9 +32,9 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use spinlink_kube_api::Status;
-use spinlink_tls::config::{ALPN_H2, ALPN_HTTP1, ClientAuth, ServerFiles, server_config};
+use spinlink_tls::config::{ALPN_H2, ALPN_HTTP1, ClientAuth, ServerFiles};
+use spinlink_tls::reload::ReloadingServer;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
@@ -68,8 +68,9 @@ pub enum Security {
     /// mTLS with a required client certificate; requests are served only
     /// on connections whose certificate names one of `identities`.
     Tls {
-        /// Verifies the client certificate against `peer.tls.caFile`.
-        acceptor: TlsAcceptor,
+        /// Verifies the client certificate against `peer.tls.caFile`; its
+        /// files are reloaded while the sidecar runs.
+        tls: Arc<ReloadingServer>,
         /// `peer.tls.peerIdentities`.
         identities: Arc<BTreeSet<String>>,
     },
@@ -89,7 +90,7 @@ impl std::fmt::Debug for Security {
 impl Security {
     /// The server side of `peer.tls`.
     pub fn tls(tls: &PeerTlsConfig) -> spinlink_tls::Result<Self> {
-        let server = server_config(
+        let server = ReloadingServer::load(
             ServerFiles {
                 cert: &tls.cert_file,
                 key: &tls.key_file,
@@ -99,7 +100,7 @@ impl Security {
             &[ALPN_H2, ALPN_HTTP1],
         )?;
         Ok(Self::Tls {
-            acceptor: TlsAcceptor::from(Arc::new(server)),
+            tls: server,
             identities: Arc::new(tls.peer_identities.iter().cloned().collect()),
         })
     }
@@ -180,13 +181,10 @@ pub async fn serve(
             async move {
                 let (io, peer) = match security {
                     Security::Insecure => (Either::Left(tcp), None),
-                    Security::Tls {
-                        acceptor,
-                        identities,
-                    } => {
+                    Security::Tls { tls, identities } => {
                         let tls = match tokio::time::timeout(
                             DEFAULT_HANDSHAKE_TIMEOUT,
-                            acceptor.accept(tcp),
+                            tls.acceptor().accept(tcp),
                         )
                         .await
                         {

@@ -23,9 +23,9 @@ use std::time::Duration;
 use spinlink_proto::headers;
 use spinlink_proto::v1::tunnel_server::{Tunnel, TunnelServer};
 use spinlink_proto::v1::{self, cache_up, relay_up};
+use spinlink_tls::reload::ReloadingServer;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
@@ -364,8 +364,9 @@ pub enum Security {
     /// mTLS with a required client certificate; streams are served only
     /// on connections whose certificate names one of `gateways`.
     Tls {
-        /// Verifies the client certificate against the client CA.
-        acceptor: TlsAcceptor,
+        /// Verifies the client certificate against the client CA; its
+        /// files are reloaded while the sidecar runs ([`crate::tls_reload`]).
+        tls: Arc<ReloadingServer>,
         /// The identities served.
         gateways: Arc<Gateways>,
     },
@@ -411,8 +412,8 @@ async fn accept_loop(
                     return;
                 }
             }
-            Security::Tls { acceptor, gateways } => {
-                let (acceptor, gateways) = (acceptor.clone(), gateways.clone());
+            Security::Tls { tls, gateways } => {
+                let (acceptor, gateways) = (tls.acceptor(), gateways.clone());
                 let out = out.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(DEFAULT_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
