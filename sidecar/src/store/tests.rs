@@ -584,3 +584,147 @@ async fn dynamic_accounts_are_claimed_by_one_agent_of_their_zone() {
     }
     engines.done().await;
 }
+
+/// The schema version before the newest migration: where a store is when
+/// its sidecars run the previous release.
+const PREVIOUS_VERSION: i64 = 20261124090000;
+
+/// Rows as the previous release wrote them, in the previous schema (before
+/// `journal_agent_times`). When a migration is added, move
+/// [`PREVIOUS_VERSION`] up to the one before it and write these rows as
+/// the release before it wrote them.
+const PREVIOUS_ROWS: &[&str] = &[
+    "INSERT INTO accounts (name, agent_identity, state, first_seen, last_seen, ca_fingerprint) \
+     VALUES ('prod', 'spiffe://x/agent/a1', 'online', 1, 2, 'abc')",
+    "INSERT INTO operations (account, instance, request_id, method, path, status, outcome, \
+     received_at, answered_at, query, kubectl_command, sent_at, message) \
+     VALUES ('prod', 's1', 7, 'PATCH', '/apis/apps/v1/namespaces/a/deployments/web', 200, \
+     'answered', 1000, 1300, 'fieldManager=kubectl', 'kubectl scale', 1010, '')",
+    "INSERT INTO resource_versions (account, api_group, version, resource, resource_version, \
+     updated_at) VALUES ('prod', 'apps', 'v1', 'deployments', '4242', 5)",
+];
+
+/// A store at the previous schema holding the previous release's rows is
+/// migrated forward by opening it, and everything in it reads back through
+/// today's store (new columns at their defaults): on SQLite and, when
+/// configured, PostgreSQL.
+#[tokio::test]
+async fn a_store_of_the_previous_release_migrates_forward_with_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}?mode=rwc", dir.path().join("s.db").display());
+    let mut urls = vec![sqlite.clone()];
+    let mut schema = None;
+    if let Ok(server) = std::env::var("SPINLINK_TEST_POSTGRES_URL") {
+        let s = scratch::Schema::create(&server, "spinlink_migrate")
+            .await
+            .unwrap();
+        urls.push(s.url(None));
+        schema = Some(s);
+    }
+    for url in &urls {
+        // The previous release's schema and rows.
+        macro_rules! previous_release {
+            ($pool:ty, $migrations:literal) => {{
+                let pool = <$pool>::connect(url).await.unwrap();
+                sqlx::migrate!($migrations)
+                    .run_to(PREVIOUS_VERSION, &pool)
+                    .await
+                    .unwrap();
+                for row in PREVIOUS_ROWS {
+                    sqlx::query(*row).execute(&pool).await.unwrap();
+                }
+                pool.close().await;
+            }};
+        }
+        if url.starts_with("sqlite:") {
+            previous_release!(sqlx::SqlitePool, "./migrations/sqlite");
+        } else {
+            previous_release!(sqlx::PgPool, "./migrations/postgres");
+        }
+        // Today's sidecar opens it.
+        let store = Store::open(url).await.unwrap();
+        let accounts = store.accounts().await.unwrap();
+        assert_eq!(accounts.len(), 1, "{url}");
+        assert_eq!(accounts[0].name, "prod");
+        let journal = store.journaled("prod", 10).await.unwrap();
+        assert_eq!(journal.len(), 1, "{url}");
+        assert_eq!(journal[0].kubectl_command, "kubectl scale");
+        assert_eq!(journal[0].sent_at, 1010);
+        assert_eq!(journal[0].agent_started_at, None, "a column added since");
+        let versions = store.resource_versions("prod").await.unwrap();
+        assert_eq!(versions.len(), 1, "{url}");
+        assert_eq!(versions[0].resource_version, "4242");
+        store.close().await;
+    }
+    if let Some(s) = schema {
+        s.drop_schema().await.unwrap();
+    }
+}
+
+/// Migrations only expand the schema, so sidecars of the previous release
+/// keep working against it while their neighbours upgrade (expand, then
+/// contract): tables and columns are added — columns nullable or with a
+/// default — never dropped, renamed or retyped. Removing something takes a
+/// release of its own, after no running version reads it, in a migration
+/// whose first line is `-- contract: <why no running version reads it>`.
+#[test]
+fn migrations_only_expand_the_schema() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+    let mut seen = 0;
+    for engine in ["sqlite", "postgres"] {
+        for entry in std::fs::read_dir(format!("{dir}/{engine}")).unwrap() {
+            let path = entry.unwrap().path();
+            let sql = std::fs::read_to_string(&path).unwrap();
+            seen += 1;
+            if sql.starts_with("-- contract: ") {
+                continue;
+            }
+            let problems = expansion_problems(&sql);
+            assert!(problems.is_empty(), "{}: {problems:?}", path.display());
+        }
+    }
+    assert!(seen >= 14, "{seen} migrations read");
+    // The check itself.
+    assert!(expansion_problems("ALTER TABLE a DROP COLUMN b;").len() == 1);
+    assert!(expansion_problems("ALTER TABLE a RENAME COLUMN b TO c;").len() == 1);
+    assert!(expansion_problems("ALTER TABLE a ALTER COLUMN b TYPE BIGINT;").len() == 1);
+    assert!(expansion_problems("DROP TABLE a;").len() == 1);
+    assert!(expansion_problems("ALTER TABLE a ADD COLUMN b TEXT NOT NULL;").len() == 1);
+    assert!(expansion_problems("ALTER TABLE a ADD COLUMN b TEXT NOT NULL DEFAULT '';").is_empty());
+    assert!(expansion_problems("-- drop table a\nALTER TABLE a ADD COLUMN b INTEGER;").is_empty());
+}
+
+/// What in `sql` would break a sidecar of the previous release.
+fn expansion_problems(sql: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for statement in sql
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split(';')
+    {
+        let s = statement
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_ascii_uppercase();
+        if s.is_empty() {
+            continue;
+        }
+        let shrinks = s.starts_with("DROP TABLE")
+            || s.contains(" DROP COLUMN ")
+            || s.contains(" RENAME ")
+            || (s.contains(" ALTER COLUMN ") && s.contains(" TYPE "));
+        let strict_column =
+            s.contains(" ADD COLUMN ") && s.contains(" NOT NULL") && !s.contains(" DEFAULT ");
+        if shrinks {
+            problems.push(format!("drops, renames or retypes: {statement}"));
+        } else if strict_column {
+            problems.push(format!(
+                "a NOT NULL column without a default, which the previous release does not write: {statement}"
+            ));
+        }
+    }
+    problems
+}
