@@ -63,19 +63,7 @@ fn yaml_file(path: &Path) -> Value {
 
 /// The objects `helm template` renders for `chart` with `values`.
 fn render(chart: &str, values: &Path) -> Vec<Value> {
-    let chart = chart_dir(chart);
-    let text = helm(&[
-        "template",
-        chart.to_str().unwrap(),
-        "-f",
-        values.to_str().unwrap(),
-        "--name",
-        "rel",
-        "--namespace",
-        NAMESPACE,
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let objects = documents(&text);
+    let objects = support::chart::render_path(&chart_dir(chart), &[values], "rel", NAMESPACE);
     assert!(!objects.is_empty(), "{} rendered nothing", values.display());
     objects
 }

@@ -55,7 +55,17 @@ pub fn documents(text: &str) -> Vec<Value> {
 /// The objects chart `chart` (under deploy/helm) renders with `values`, as
 /// release `name` in `namespace`.
 pub fn render(chart: &str, values: &[&Path], name: &str, namespace: &str) -> Vec<Value> {
-    let dir = root().join("deploy/helm").join(chart);
+    render_path(
+        &root().join("deploy/helm").join(chart),
+        values,
+        name,
+        namespace,
+    )
+}
+
+/// The objects the chart at `dir` (a directory or a packaged `.tgz`)
+/// renders with `values`, as release `name` in `namespace`.
+pub fn render_path(dir: &Path, values: &[&Path], name: &str, namespace: &str) -> Vec<Value> {
     let mut args = vec!["template".to_owned(), dir.display().to_string()];
     for v in values {
         args.extend(["-f".to_owned(), v.display().to_string()]);
