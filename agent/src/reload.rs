@@ -114,3 +114,6 @@ fn read(path: &std::path::Path) -> Option<Read> {
     });
     Some(Read { config, hash })
 }
+
+#[cfg(test)]
+mod tests;

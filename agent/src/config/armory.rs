@@ -352,6 +352,30 @@ struct Account {
     no_proxy: Any,
     skip_server_side_apply: Any,
     skip_manifest_defaults: Any,
+    // Clouddriver's own account keys (its `ManagedAccount`, and Halyard's):
+    // Armory documents that an account block copied from Clouddriver works
+    // as it is, its unused keys ignored.
+    environment: Any,
+    account_type: Any,
+    o_auth_service_account: Any,
+    oauth_scopes: Any,
+    kubeconfig_contents: Any,
+    kubectl_executable: Any,
+    kubectl_request_timeout_seconds: Any,
+    cache_threads: Any,
+    required_group_membership: Any,
+    naming_strategy: Any,
+    debug: Any,
+    check_permissions_on_startup: Any,
+    custom_resources: Any,
+    caching_policies: Any,
+    cache_interval_seconds: Any,
+    cache_all_application_relationships: Any,
+    raw_resources_endpoint_config: Any,
+    provider_version: Any,
+    docker_registries: Any,
+    configure_image_pull_secrets: Any,
+    live_manifest_calls: Any,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -755,6 +779,45 @@ fn account(out: &mut Builder, i: usize, a: &Account) -> Result<Mapping> {
         &key("skipManifestDefaults"),
         APPLY,
     );
+    for (value, name) in [
+        (&a.environment, "environment"),
+        (&a.account_type, "accountType"),
+        (&a.o_auth_service_account, "oAuthServiceAccount"),
+        (&a.oauth_scopes, "oauthScopes"),
+        (&a.kubeconfig_contents, "kubeconfigContents"),
+        (&a.kubectl_executable, "kubectlExecutable"),
+        (
+            &a.kubectl_request_timeout_seconds,
+            "kubectlRequestTimeoutSeconds",
+        ),
+        (&a.cache_threads, "cacheThreads"),
+        (&a.required_group_membership, "requiredGroupMembership"),
+        (&a.naming_strategy, "namingStrategy"),
+        (&a.debug, "debug"),
+        (&a.check_permissions_on_startup, "checkPermissionsOnStartup"),
+        (&a.custom_resources, "customResources"),
+        (&a.caching_policies, "cachingPolicies"),
+        (&a.cache_interval_seconds, "cacheIntervalSeconds"),
+        (
+            &a.cache_all_application_relationships,
+            "cacheAllApplicationRelationships",
+        ),
+        (
+            &a.raw_resources_endpoint_config,
+            "rawResourcesEndpointConfig",
+        ),
+        (&a.provider_version, "providerVersion"),
+        (&a.docker_registries, "dockerRegistries"),
+        (&a.configure_image_pull_secrets, "configureImagePullSecrets"),
+        (&a.live_manifest_calls, "liveManifestCalls"),
+    ] {
+        out.ignore(
+            value,
+            &key(name),
+            "a Clouddriver account setting, which Armory's agent ignored too; it belongs in \
+             the account as Clouddriver knows it",
+        );
+    }
     Ok(m)
 }
 

@@ -230,6 +230,56 @@ kubernetes:
 }
 
 #[test]
+fn an_account_block_copied_from_clouddriver_is_accepted() {
+    // Armory: "If you are migrating accounts from Clouddriver, you can just
+    // copy the same block of configuration here. Unused properties are
+    // ignored."
+    let d = Dir::new();
+    let loaded = d
+        .load(
+            "\
+kubernetes:
+  accounts:
+    - name: a
+      kubeconfigFile: {dir}kubecfg-a.yaml
+      providerVersion: V2
+      requiredGroupMembership: []
+      dockerRegistries: []
+      configureImagePullSecrets: true
+      cacheThreads: 1
+      namespaces: []
+      omitNamespaces: []
+      kinds: []
+      omitKinds: []
+      customResources: []
+      cachingPolicies: []
+      onlySpinnakerManaged: false
+      liveManifestCalls: true
+",
+        )
+        .unwrap();
+    let mut keys = warned(&loaded);
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "kubernetes.accounts[0].cacheThreads",
+            "kubernetes.accounts[0].cachingPolicies",
+            "kubernetes.accounts[0].configureImagePullSecrets",
+            "kubernetes.accounts[0].customResources",
+            "kubernetes.accounts[0].dockerRegistries",
+            "kubernetes.accounts[0].liveManifestCalls",
+            "kubernetes.accounts[0].onlySpinnakerManaged",
+            "kubernetes.accounts[0].providerVersion",
+            "kubernetes.accounts[0].requiredGroupMembership",
+        ]
+    );
+    // Empty lists keep every namespace and kind, as in Clouddriver.
+    let a = &loaded.config.kubernetes.accounts[0];
+    assert!(a.namespaces.is_empty() && a.kinds.is_empty() && a.omit_kinds.is_empty());
+}
+
+#[test]
 fn a_key_neither_format_knows_is_an_error_naming_it_and_the_file() {
     let d = Dir::new();
     for (text, key) in [
