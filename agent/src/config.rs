@@ -215,10 +215,23 @@ impl Default for GatewayConfig {
     }
 }
 
-/// A password from the configuration: its `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
+/// A password from the configuration: its `Debug` never shows it, and a
+/// value of the wrong shape is refused without quoting it. A YAML number or
+/// boolean is the text it was written as (`12345` is the password "12345").
+#[derive(Clone, PartialEq, Eq)]
 pub struct Password(pub String);
+
+impl<'de> Deserialize<'de> for Password {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde_norway::Value;
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Self(s)),
+            Value::Number(n) => Ok(Self(n.to_string())),
+            Value::Bool(b) => Ok(Self(b.to_string())),
+            _ => Err(serde::de::Error::custom("a password must be a string")),
+        }
+    }
+}
 
 impl std::fmt::Debug for Password {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

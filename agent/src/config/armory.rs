@@ -5,7 +5,7 @@
 //! one is accepted with one [`Warning`] saying why; any other key is an
 //! error naming it and the file.
 //!
-//! Start with [`load`]; the mapping, key by key, is in
+//! Start with [`crate::config::Config::load`] and [`convert`]; the mapping, key by key, is in
 //! `docs/deploy/migrating-from-armory.md`.
 
 use std::collections::BTreeMap;
@@ -51,19 +51,6 @@ const NATIVE_ONLY: [&str; 8] = [
     "leaderElection",
 ];
 
-/// Top-level keys only Armory's format has.
-const ARMORY_ONLY: [&str; 9] = [
-    "clouddriver",
-    "server",
-    "prometheus",
-    "pprof",
-    "logging",
-    "hub",
-    "secrets",
-    "timeoutSeconds",
-    "dynamicAccountsEnabled",
-];
-
 /// A key of an Armory file that means nothing to spinlink: accepted, and
 /// said once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,8 +84,9 @@ pub struct Converted {
 
 /// Whether a parsed YAML document is an Armory file rather than a native
 /// one: it has no native-only top-level key. (Armory's agent runs with no
-/// file at all, so a file of only shared keys is Armory's.) Mixing both
-/// formats' own keys is refused by [`load`].
+/// file at all, so a file of only shared keys is Armory's.) A native file
+/// refuses Armory's keys as unknown, and [`parse_text`] refuses native
+/// keys in an Armory file (its override).
 pub fn is_armory(doc: &Value) -> bool {
     let Value::Mapping(map) = doc else {
         return false;
@@ -149,15 +137,12 @@ pub fn parse_text(text: &str, origin: &str) -> Result<Value> {
     if text.trim().is_empty() {
         return Ok(Value::Mapping(Mapping::new()));
     }
-    serde_norway::from_str::<ArmoryConfig>(text).map_err(|e| parse(e.to_string()))?;
     let doc: Value = serde_norway::from_str(text).map_err(|e| parse(e.to_string()))?;
-    let Value::Mapping(map) = &doc else {
-        return Ok(Value::Mapping(Mapping::new()));
-    };
-    if let Some(native) = map
-        .keys()
-        .filter_map(Value::as_str)
-        .find(|k| NATIVE_ONLY.contains(k))
+    if let Value::Mapping(map) = &doc
+        && let Some(native) = map
+            .keys()
+            .filter_map(Value::as_str)
+            .find(|k| NATIVE_ONLY.contains(k))
     {
         return Err(Error::Invalid {
             origin: origin.to_owned(),
@@ -167,17 +152,9 @@ pub fn parse_text(text: &str, origin: &str) -> Result<Value> {
                 .to_owned(),
         });
     }
+    // From the text, so that an unknown key's error gives its line.
+    serde_norway::from_str::<ArmoryConfig>(text).map_err(|e| parse(e.to_string()))?;
     Ok(doc)
-}
-
-/// Whether a parsed document has a key only Armory's format has.
-pub fn has_armory_only_key(doc: &Value) -> Option<&str> {
-    let Value::Mapping(map) = doc else {
-        return None;
-    };
-    map.keys()
-        .filter_map(Value::as_str)
-        .find(|k| ARMORY_ONLY.contains(k))
 }
 
 /// Converts a merged Armory document to the native format. `agent_id` is
@@ -304,7 +281,7 @@ struct ClouddriverTls {
     cacert_file: Option<PathBuf>,
     client_cert_file: Option<PathBuf>,
     client_key_file: Option<PathBuf>,
-    client_key_file_password: Option<String>,
+    client_key_file_password: Option<super::Password>,
 }
 
 /// `clouddriver.backoff`: nanoseconds, as Go's gRPC backoff config.
@@ -500,7 +477,7 @@ fn clouddriver(out: &mut Builder, c: &Clouddriver) -> Result<()> {
         if let Some(password) = &t.client_key_file_password {
             out.set(
                 &["gateway", "keyPassword"],
-                password.clone().into(),
+                password.0.clone().into(),
                 Some("clouddriver.tls.clientKeyFilePassword"),
             );
         }

@@ -337,6 +337,33 @@ fn refusals_name_the_armory_key() {
 }
 
 #[test]
+fn a_key_password_is_never_quoted() {
+    let d = Dir::new();
+    let tls = |password: &str| {
+        format!(
+            "clouddriver:\n  grpc: gw:443\n  tls:\n    cacertFile: {{dir}}ca.pem\n    \
+             clientCertFile: {{dir}}agent.pem\n    clientKeyFilePassword: {password}\n\
+             kubernetes:\n  accounts:\n    - {{name: a, serviceAccount: true}}\n"
+        )
+    };
+    // A password YAML reads as a number is the text it was written as.
+    let loaded = d.load(&tls("9876543210")).unwrap();
+    assert_eq!(
+        loaded.config.gateway.key_password,
+        Some(Password("9876543210".into()))
+    );
+    // The key is read from the certificate file when clientKeyFile is unset.
+    assert_eq!(
+        loaded.config.gateway.key_file,
+        loaded.config.gateway.cert_file
+    );
+    // One of the wrong shape is refused without being repeated.
+    let err = d.load(&tls("[hunter2-secret]")).unwrap_err().to_string();
+    assert!(err.contains("password must be a string"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
 fn the_local_override_is_read_on_top() {
     let d = Dir::new();
     d.write(
