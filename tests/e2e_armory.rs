@@ -3,7 +3,9 @@
 //! Armory's documentation writes it — `clouddriver.grpc` naming the
 //! gateway, `clouddriver.tls.*` with an encrypted PKCS#8 client key, many
 //! kubeconfigs — and kubectl reaches the cluster through the chain.
-//! `--check-config` and `migrate-config` are checked on the same files.
+//! Agent mode (`serviceAccount: true`) runs too, the pod's service account
+//! mounted where Kubernetes mounts it, in a mount namespace of the agent's
+//! own. `--check-config` and `migrate-config` are checked on the same files.
 
 mod support;
 
@@ -145,6 +147,85 @@ fn an_armory_agent_file_runs_unchanged_through_the_chain() {
         stderr.contains("warning: ") && stderr.contains(": pprof: ignored: "),
         "{stderr}"
     );
+}
+
+/// Why agent mode cannot run here, if it cannot: the service account is
+/// mounted at its real path in a mount namespace, which needs root and
+/// `unshare` (util-linux).
+fn agent_mode_unavailable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("it needs root to make a mount namespace".into());
+    }
+    match Command::new("unshare").arg("--version").output() {
+        Ok(out) if out.status.success() => None,
+        _ => Some("`unshare` (util-linux) is not installed".into()),
+    }
+}
+
+#[test]
+fn an_armory_agent_mode_file_runs_with_the_pods_service_account() {
+    if let Some(why) = agent_mode_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The API server over TLS, as in a pod: the service account's ca.crt
+    // is the CA that signed it.
+    let tls_dir = dir.join("sim-tls");
+    let (mut _sim, _) = support::kube_sim_with(dir, &["--tls-dir", tls_dir.to_str().unwrap()]);
+    let sim_port = _sim.listening("kube-sim").port();
+    let sa = dir.join("serviceaccount");
+    std::fs::create_dir(&sa).unwrap();
+    std::fs::copy(tls_dir.join("ca.crt"), sa.join("ca.crt")).unwrap();
+    std::fs::write(sa.join("token"), "pod-token").unwrap();
+    std::fs::write(sa.join("namespace"), "spinnaker").unwrap();
+
+    let chain = Chain::start_with_agent_command(
+        dir,
+        &["armory-prod"],
+        |files| {
+            write_file(
+                dir,
+                "armory-agent.yml",
+                &format!(
+                    "clouddriver:\n  grpc: localhost:{port}\n  insecure: false\n  tls:\n\
+                     \x20   cacertFile: {ca}\n    clientCertFile: {cert}\n    clientKeyFile: {key}\n\
+                     kubernetes:\n  accounts:\n    - name: armory-prod\n      serviceAccount: true\n\
+                     \x20     kinds: [replicaSet, service, ingress, daemonSet, deployment, pod, statefulSet, job, cronJob]\n",
+                    port = files.gateway_port,
+                    ca = files.ca.display(),
+                    cert = files.cert.display(),
+                    key = files.key.display(),
+                ),
+            )
+        },
+        |config| {
+            // /var/run is /run: a tmpfs there, private to the agent, holds
+            // the service account as the kubelet mounts it.
+            let script = format!(
+                "set -e; mount -t tmpfs tmpfs /run; \
+                 mkdir -p /run/secrets/kubernetes.io/serviceaccount; \
+                 cp {sa}/* /run/secrets/kubernetes.io/serviceaccount/; \
+                 exec {SPINLINK} agent --config {config}",
+                sa = sa.display(),
+            );
+            let mut command = Command::new("unshare");
+            command
+                .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+                .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+                .env("KUBERNETES_SERVICE_PORT", sim_port.to_string());
+            command
+        },
+    );
+    let pods = chain
+        .kubectl("armory-prod")
+        .ok(&["get", "pods", "-n", "demo", "-o", "name"]);
+    assert!(pods.contains("pod/web-"), "{pods}");
+    // Nine kinds, as the file lists them in Armory's spelling.
+    let (_, body) = support::http(chain.facade, "GET", "/v1/accounts/armory-prod", &[]);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kindsTotal"], 9, "{body}");
 }
 
 #[test]

@@ -4,10 +4,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 
-use super::{Kubectl, Proc, http, wait_for, write_file, write_kubeconfig};
+use super::{Kubectl, Proc, SPINLINK, http, wait_for, write_file, write_kubeconfig};
 
 /// One account of the agent: its name and the YAML keys it has besides
 /// `name` and `kubeconfigFile`, one per line, unindented.
@@ -76,6 +77,22 @@ impl Chain {
         names: &[&str],
         write_agent: impl FnOnce(&AgentFiles) -> String,
     ) -> Chain {
+        Chain::start_with_agent_command(dir, names, write_agent, |config| {
+            let mut command = Command::new(SPINLINK);
+            command.args(["agent", "--config", config]);
+            command
+        })
+    }
+
+    /// As [`Chain::start_with_agent`], the agent run by the command `agent`
+    /// makes from its configuration file's path (to wrap it, as in a mount
+    /// namespace).
+    pub fn start_with_agent_command(
+        dir: &Path,
+        names: &[&str],
+        write_agent: impl FnOnce(&AgentFiles) -> String,
+        agent: impl FnOnce(&str) -> Command,
+    ) -> Chain {
         let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
         let p = |path: PathBuf| path.display().to_string();
         let sidecar_cfg = write_file(
@@ -114,7 +131,7 @@ impl Chain {
             cert: pki.cert("agent-agent-1"),
             key: pki.key("agent-agent-1"),
         });
-        let agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+        let agent = Proc::spawn("agent", dir, agent(&agent_cfg));
         let chain = Chain {
             sidecar,
             gateway,
