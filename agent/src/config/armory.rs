@@ -28,7 +28,8 @@ pub const DEFAULT_AGENT_ID: &str = "armory-agent";
 
 /// Where Go (the language of Armory's agent) looks for the system's CA bundle
 /// when `clouddriver.tls.cacertFile` is unset, in its order
-/// (`crypto/x509/root_linux.go`): the first that exists is used.
+/// (`crypto/x509/root_linux.go`): the first that exists is used, unless the
+/// `SSL_CERT_FILE` environment variable names one, as in Go.
 pub const SYSTEM_CA_BUNDLES: [&str; 6] = [
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
@@ -439,9 +440,10 @@ fn clouddriver(out: &mut Builder, c: &Clouddriver) -> Result<()> {
         }
         let ca = match &t.cacert_file {
             Some(ca) => ca.clone(),
-            None => SYSTEM_CA_BUNDLES
-                .iter()
+            None => std::env::var_os("SSL_CERT_FILE")
                 .map(PathBuf::from)
+                .into_iter()
+                .chain(SYSTEM_CA_BUNDLES.iter().map(PathBuf::from))
                 .find(|p| p.is_file())
                 .ok_or_else(|| {
                     out.invalid(
@@ -887,7 +889,8 @@ fn ops(out: &mut Builder, a: &ArmoryConfig) {
     out.ignore(
         &a.timeout_seconds,
         "timeoutSeconds",
-        "relayed requests last as long as the caller's request (watches and logs included)",
+        "a relayed request carries its caller's deadline, which the agent enforces; there is \
+         no timeout per agent",
     );
     out.ignore(
         &a.dynamic_accounts_enabled,

@@ -1,6 +1,7 @@
 use std::path::Path;
 
 use super::super::*;
+use super::SYSTEM_CA_BUNDLES;
 
 /// A directory holding an Armory file, its override, and the files they name.
 struct Dir {
@@ -361,6 +362,31 @@ fn a_key_password_is_never_quoted() {
     let err = d.load(&tls("[hunter2-secret]")).unwrap_err().to_string();
     assert!(err.contains("password must be a string"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn without_a_ca_file_the_system_bundle_verifies_the_gateway() {
+    let d = Dir::new();
+    let result = d.load(
+        "clouddriver:\n  grpc: gw.example.com:443\n  insecure: false\n\
+         kubernetes:\n  accounts:\n    - {name: a, serviceAccount: true}\n",
+    );
+    let system = std::env::var_os("SSL_CERT_FILE")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain(SYSTEM_CA_BUNDLES.iter().map(std::path::PathBuf::from))
+        .find(|p| p.is_file());
+    match system {
+        Some(bundle) => {
+            let c = result.unwrap().config;
+            assert_eq!(c.gateway.url, "https://gw.example.com:443");
+            assert_eq!(c.gateway.ca_file, Some(bundle));
+        }
+        None => {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains("clouddriver.tls.cacertFile"), "{err}");
+        }
+    }
 }
 
 #[test]
