@@ -561,7 +561,7 @@ fn clouddriver(out: &mut Builder, c: &Clouddriver) -> Result<()> {
     out.ignore(
         &c.no_proxy,
         "clouddriver.noProxy",
-        "spinlink dials the gateway directly and never through HTTP(S)_PROXY",
+        "spinlink dials the gateway directly, never through a proxy",
     );
     Ok(())
 }
@@ -596,7 +596,8 @@ fn kubernetes(out: &mut Builder, k: &Kubernetes) -> Result<()> {
     out.ignore(
         &k.no_proxy,
         "kubernetes.noProxy",
-        "spinlink reaches API servers directly and never through HTTP(S)_PROXY",
+        "there is no proxy bypass setting: keep HTTPS_PROXY out of the agent's environment (a \
+         kubeconfig account would try it, and spinlink does not proxy)",
     );
     out.ignore(
         &k.reconnect_timeout_ms,
@@ -744,7 +745,8 @@ fn account(out: &mut Builder, i: usize, a: &Account) -> Result<Mapping> {
     out.ignore(
         &a.no_proxy,
         &key("noProxy"),
-        "spinlink reaches API servers directly and never through HTTP(S)_PROXY",
+        "there is no proxy bypass setting: keep HTTPS_PROXY out of the agent's environment (a \
+         kubeconfig account would try it, and spinlink does not proxy)",
     );
     const APPLY: &str = "Clouddriver applies manifests itself through spinlink, so apply settings \
                          are Clouddriver's";
