@@ -17,7 +17,8 @@ use serde_norway::{Mapping, Value};
 use super::{Error, Result};
 
 /// The override Armory reads on top of the main file, from the same
-/// directory; its documentation spells it both ways.
+/// directory; its documentation spells it both ways (the first found is
+/// read).
 pub const LOCAL_OVERRIDE_NAMES: [&str; 2] = ["armory-agent-local.yaml", "armory-agent-local.yml"];
 
 /// `clouddriver.grpc` when the file does not set it (Armory's default).
@@ -106,10 +107,11 @@ pub fn local_override(main: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Merges `over` into `base` as Armory reads its override: mappings merge
-/// key by key, at every depth; any other value (a list, a scalar) of the
-/// override replaces the base's whole. So an override's
-/// `kubernetes.accounts` is the account list, not an addition to it.
+/// Merges `over` into `base`. Armory does not document how its override
+/// merges; here mappings merge key by key, at every depth, and any other
+/// value (a list, a scalar) of the override replaces the base's whole. So an
+/// override's `kubernetes.accounts` is the account list, not an addition to
+/// it (Armory's examples keep the accounts in the override alone).
 pub fn merge(base: &mut Value, over: Value) {
     match (base, over) {
         (Value::Mapping(base), Value::Mapping(over)) => {
