@@ -1,14 +1,17 @@
 //! The agent's configuration file: who the agent is, how it reaches the
 //! gateway, how it backs off, and which clusters (accounts) it serves.
 //!
-//! Start with [`Config::from_file`]; every error names the offending key and
-//! the file it came from.
+//! Start with [`Config::load`]; every error names the offending key and
+//! the file it came from. The Armory Scale Agent's file is read too: see
+//! [`armory`].
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub mod armory;
 
 /// Default first reconnect delay cap, in milliseconds.
 pub const DEFAULT_INITIAL_BACKOFF_MILLIS: u64 = 200;
@@ -183,8 +186,11 @@ pub struct GatewayConfig {
     pub ca_file: Option<PathBuf>,
     /// The agent's client certificate (its identity).
     pub cert_file: Option<PathBuf>,
-    /// The key of `cert_file`.
+    /// The key of `cert_file` (PKCS#8, PKCS#1 or SEC1; PKCS#8 may be
+    /// encrypted, see `key_password`).
     pub key_file: Option<PathBuf>,
+    /// The password of an encrypted PKCS#8 `key_file`.
+    pub key_password: Option<Password>,
     /// Plaintext HTTP/2 (h2c), for local development only.
     pub insecure: bool,
     /// Interval of HTTP/2 PINGs, in seconds.
@@ -201,10 +207,35 @@ impl Default for GatewayConfig {
             ca_file: None,
             cert_file: None,
             key_file: None,
+            key_password: None,
             insecure: false,
             keepalive_interval_seconds: DEFAULT_KEEPALIVE_INTERVAL_SECONDS,
             keepalive_timeout_seconds: DEFAULT_KEEPALIVE_TIMEOUT_SECONDS,
         }
+    }
+}
+
+/// A password from the configuration: its `Debug` never shows it, and a
+/// value of the wrong shape is refused without quoting it. A YAML number or
+/// boolean is the text it was written as (`12345` is the password "12345").
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(pub String);
+
+impl<'de> Deserialize<'de> for Password {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde_norway::Value;
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Self(s)),
+            Value::Number(n) => Ok(Self(n.to_string())),
+            Value::Bool(b) => Ok(Self(b.to_string())),
+            _ => Err(serde::de::Error::custom("a password must be a string")),
+        }
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<password>")
     }
 }
 
@@ -490,15 +521,18 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads, parses and validates a YAML configuration file.
+    /// Reads, parses and validates a YAML configuration file, native or
+    /// Armory's (the warnings of an Armory file are dropped: see
+    /// [`Config::load`]).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let mut config = Self::from_yaml_str(&text, &path.display().to_string())?;
-        config.file = Some(path.to_owned());
-        Ok(config)
+        Ok(Self::load(path)?.config)
+    }
+
+    /// Reads, parses and validates a configuration file: a native one, or
+    /// an Armory agent's (with its `armory-agent-local.yaml` override on
+    /// top), whose keys without a meaning here come back as warnings.
+    pub fn load(path: &Path) -> Result<Loaded> {
+        Sources::read(path)?.load()
     }
 
     /// Records the digest of every account's kubeconfig file as it is now
@@ -594,6 +628,12 @@ impl Config {
                     return Err(invalid("gateway.certFile", "required with gateway.keyFile"));
                 }
             }
+        }
+        if gw.key_password.is_some() && gw.key_file.is_none() {
+            return Err(invalid(
+                "gateway.keyPassword",
+                "only used with gateway.keyFile",
+            ));
         }
         if let Some(name) = &gw.server_name
             && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
@@ -813,6 +853,145 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Which format a configuration file is written in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Format {
+    /// spinlink's own.
+    Native,
+    /// The Armory Scale Agent's, with the override file read on top of it
+    /// when there is one.
+    Armory {
+        /// The `armory-agent-local.yaml` read, if any.
+        local: Option<PathBuf>,
+    },
+}
+
+/// A configuration as loaded.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The configuration, validated.
+    pub config: Config,
+    /// The format of the file.
+    pub format: Format,
+    /// Keys accepted without effect (Armory files only), one each.
+    pub warnings: Vec<armory::Warning>,
+}
+
+/// The text of a configuration file, and of the Armory override beside it
+/// when the file is Armory's: what a load reads, and what hot reload
+/// compares.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The configuration file.
+    pub path: PathBuf,
+    /// Its text.
+    pub text: String,
+    /// Whether it is an Armory agent's file.
+    pub armory: bool,
+    /// The override file and its text (Armory files only).
+    pub local: Option<(PathBuf, String)>,
+}
+
+impl Sources {
+    /// Reads `path` and, when it is an Armory file, the override beside it.
+    pub fn read(path: &Path) -> Result<Self> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| Error::Read {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let text = read(path)?;
+        // A file that does not parse is reported by the native parser.
+        let armory = serde_norway::from_str::<serde_norway::Value>(&text)
+            .is_ok_and(|doc| doc.is_null() || armory::is_armory(&doc));
+        let local = match armory.then(|| armory::local_override(path)).flatten() {
+            Some(local) => {
+                let text = read(&local)?;
+                Some((local, text))
+            }
+            None => None,
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            text,
+            armory,
+            local,
+        })
+    }
+
+    /// Where the configuration came from, for messages.
+    pub fn origin(&self) -> String {
+        match &self.local {
+            Some((local, _)) => format!("{} (with {})", self.path.display(), local.display()),
+            None => self.path.display().to_string(),
+        }
+    }
+
+    /// An Armory file as the native configuration's YAML, with what it
+    /// dropped; `None` for a native file.
+    pub fn armory_to_native(&self) -> Result<Option<armory::Converted>> {
+        if !self.armory {
+            return Ok(None);
+        }
+        let mut doc = armory::parse_text(&self.text, &self.path.display().to_string())?;
+        if let Some((local, text)) = &self.local {
+            armory::merge(
+                &mut doc,
+                armory::parse_text(text, &local.display().to_string())?,
+            );
+        }
+        // Armory has no key for an agent id: the pod's name is the natural
+        // one (Kubernetes sets HOSTNAME to it).
+        let agent_id = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.trim().is_empty())
+            .unwrap_or_else(|| armory::DEFAULT_AGENT_ID.to_owned());
+        armory::convert(doc, &agent_id, &self.origin()).map(Some)
+    }
+
+    /// Parses and validates.
+    pub fn load(&self) -> Result<Loaded> {
+        let origin = self.origin();
+        let Some(converted) = self.armory_to_native()? else {
+            let mut config = Config::from_yaml_str(&self.text, &origin)?;
+            config.file = Some(self.path.clone());
+            return Ok(Loaded {
+                config,
+                format: Format::Native,
+                warnings: Vec::new(),
+            });
+        };
+        let mut config: Config =
+            serde_norway::from_value(converted.native).map_err(|e| Error::Parse {
+                origin: origin.clone(),
+                message: e.to_string(),
+            })?;
+        config.origin = origin;
+        config.file = Some(self.path.clone());
+        // Errors name the key as the operator wrote it.
+        config.validate().map_err(|e| match e {
+            Error::Invalid {
+                origin,
+                key,
+                message,
+            } => Error::Invalid {
+                origin,
+                key: converted.sources.get(&key).cloned().unwrap_or(key),
+                message,
+            },
+            other => other,
+        })?;
+        Ok(Loaded {
+            config,
+            format: Format::Armory {
+                local: self.local.as_ref().map(|(p, _)| p.clone()),
+            },
+            warnings: converted.warnings,
+        })
     }
 }
 

@@ -5,7 +5,9 @@
 //! change, and a kubeconfig rewritten in place (rotated credentials)
 //! restarts its account. New content that parses and validates is handed to the
 //! agent, which applies the account changes (see `Agent::apply`); a bad file
-//! is refused with one log line and the running configuration stays.
+//! is refused with one log line and the running configuration stays. An
+//! Armory agent's file is watched with its `armory-agent-local.yaml`
+//! override.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -91,12 +93,18 @@ struct Read {
 }
 
 fn read(path: &std::path::Path) -> Option<Read> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let mut hash = ring::digest::digest(&ring::digest::SHA256, text.as_bytes())
-        .as_ref()
-        .to_vec();
-    let config = Config::from_yaml_str(&text, &path.display().to_string()).map(|mut config| {
-        config.file = Some(path.to_owned());
+    // An Armory file's override is read with it, and is part of the hash.
+    let sources = crate::config::Sources::read(path).ok()?;
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    digest.update(sources.text.as_bytes());
+    if let Some((_, local)) = &sources.local {
+        digest.update(b"\0");
+        digest.update(local.as_bytes());
+    }
+    let mut hash = digest.finish().as_ref().to_vec();
+    // Warnings were logged when the agent started.
+    let config = sources.load().map(|loaded| {
+        let mut config = loaded.config;
         config.read_kubeconfig_digests();
         for account in &config.kubernetes.accounts {
             // A kubeconfig that cannot be read counts as a change too.
@@ -106,3 +114,6 @@ fn read(path: &std::path::Path) -> Option<Read> {
     });
     Some(Read { config, hash })
 }
+
+#[cfg(test)]
+mod tests;

@@ -33,14 +33,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the agent: watch clusters and dial out to a gateway.
-    Agent {
-        /// Agent configuration file (YAML).
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Load and validate the configuration, then exit.
-        #[arg(long)]
-        check_config: bool,
-    },
+    Agent(AgentArgs),
     /// Run the gateway: the mTLS edge agents dial (and, with an ingress, the
     /// front door for Spinnaker's UI and API).
     Gateway {
@@ -94,6 +87,31 @@ enum Command {
     /// Show every account and agent a sidecar knows, kubectl-style; exits
     /// non-zero when any account is unhealthy.
     Status(status::StatusArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct AgentArgs {
+    #[command(subcommand)]
+    command: Option<AgentCommand>,
+    /// Agent configuration file (YAML): spinlink's, or an Armory Scale
+    /// Agent's `armory-agent.yml` as it is (its `armory-agent-local.yaml`
+    /// beside it is read on top).
+    #[arg(long, short, required = true)]
+    config: Option<PathBuf>,
+    /// Load and validate the configuration, then exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentCommand {
+    /// Print the native configuration equivalent to an Armory Scale Agent
+    /// file (with its local override); what it drops goes to stderr.
+    MigrateConfig {
+        /// The Armory agent's configuration file.
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -184,17 +202,32 @@ async fn run(command: Command) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     signal::cancel_on_signal(shutdown.clone());
     match command {
-        Command::Agent {
+        Command::Agent(AgentArgs {
+            command: Some(AgentCommand::MigrateConfig { file }),
+            ..
+        }) => {
+            print!("{}", migrate_agent_config(&file)?);
+            Ok(())
+        }
+        Command::Agent(AgentArgs {
+            command: None,
             config,
             check_config,
-        } => {
-            let cfg = spinlink_agent::Config::from_file(&config)?;
-            cfg.validate()?;
+        }) => {
+            let config = config.context("--config is required")?;
+            let loaded = spinlink_agent::Config::load(&config)?;
+            for warning in &loaded.warnings {
+                if check_config {
+                    eprintln!("warning: {warning}");
+                } else {
+                    tracing::warn!("{warning}");
+                }
+            }
             if check_config {
-                println!("ok: {}", config.display());
+                println!("ok: {}", loaded.config.origin);
                 return Ok(());
             }
-            let agent = spinlink_agent::Agent::new(cfg)?;
+            let agent = spinlink_agent::Agent::new(loaded.config)?;
             drain(agent.run(shutdown.clone()), &shutdown).await
         }
         Command::Gateway {
@@ -369,6 +402,28 @@ fn nginx_to_gateway_yaml(file: &std::path::Path, lenient: bool) -> anyhow::Resul
         .unwrap_or_default();
     spinlink_gateway::ingress::from_nginx::config_yaml(&parsed.ingress, &dir)
         .map_err(|e| anyhow::anyhow!("{}: ingress.{e}", file.display()))
+}
+
+/// The native agent configuration equivalent to an Armory agent's file, as
+/// YAML; what it drops is said on stderr.
+fn migrate_agent_config(file: &std::path::Path) -> anyhow::Result<String> {
+    let sources = spinlink_agent::config::Sources::read(file)?;
+    let converted = sources.armory_to_native()?.with_context(|| {
+        format!(
+            "{}: already a spinlink agent configuration (it has native keys)",
+            file.display()
+        )
+    })?;
+    for warning in &converted.warnings {
+        eprintln!("dropped: {warning}");
+    }
+    if let Some(id) = converted.native.get("agentId").and_then(|v| v.as_str()) {
+        eprintln!(
+            "note: agentId is {id:?} (HOSTNAME, as when the agent runs the Armory file); \
+             give each agent its own"
+        );
+    }
+    Ok(serde_norway::to_string(&converted.native)?)
 }
 
 /// Prints the line tests and scripts read to find a listener.

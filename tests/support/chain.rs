@@ -4,10 +4,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 
-use super::{Kubectl, Proc, http, wait_for, write_file, write_kubeconfig};
+use super::{Kubectl, Proc, SPINLINK, http, wait_for, write_file, write_kubeconfig};
 
 /// One account of the agent: its name and the YAML keys it has besides
 /// `name` and `kubeconfigFile`, one per line, unindented.
@@ -26,11 +27,72 @@ pub struct Chain {
     dir: PathBuf,
 }
 
+/// What an agent's configuration file needs to reach the chain's gateway:
+/// its port and the agent's development certificates.
+pub struct AgentFiles {
+    pub gateway_port: u16,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 impl Chain {
     /// Starts a sidecar (SQLite store, plaintext tunnel), a gateway that
     /// lets the agent serve `accounts`, and the agent with them, all against
     /// the cluster `kubeconfig` names; returns once every account is ready.
     pub fn start(dir: &Path, kubeconfig: &Path, accounts: &[AccountSpec<'_>]) -> Chain {
+        let names: Vec<&str> = accounts.iter().map(|a| a.name).collect();
+        Chain::start_with_agent(dir, &names, |files| {
+            let p = |path: &Path| path.display().to_string();
+            let accounts_yaml: String = accounts
+                .iter()
+                .map(|a| {
+                    let extra: String = a.yaml.lines().map(|l| format!("    {l}\n")).collect();
+                    format!(
+                        "  - name: {}\n    kubeconfigFile: {}\n{extra}",
+                        a.name,
+                        kubeconfig.display()
+                    )
+                })
+                .collect();
+            write_file(
+                dir,
+                "agent.yaml",
+                &format!(
+                    "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
+                     kubernetes:\n  accounts:\n{accounts_yaml}",
+                    files.gateway_port,
+                    p(&files.ca),
+                    p(&files.cert),
+                    p(&files.key),
+                ),
+            )
+        })
+    }
+
+    /// As [`Chain::start`], the agent's configuration file written by
+    /// `write_agent` (which returns its path), serving `names`.
+    pub fn start_with_agent(
+        dir: &Path,
+        names: &[&str],
+        write_agent: impl FnOnce(&AgentFiles) -> String,
+    ) -> Chain {
+        Chain::start_with_agent_command(dir, names, write_agent, |config| {
+            let mut command = Command::new(SPINLINK);
+            command.args(["agent", "--config", config]);
+            command
+        })
+    }
+
+    /// As [`Chain::start_with_agent`], the agent run by the command `agent`
+    /// makes from its configuration file's path (to wrap it, as in a mount
+    /// namespace).
+    pub fn start_with_agent_command(
+        dir: &Path,
+        names: &[&str],
+        write_agent: impl FnOnce(&AgentFiles) -> String,
+        agent: impl FnOnce(&str) -> Command,
+    ) -> Chain {
         let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
         let p = |path: PathBuf| path.display().to_string();
         let sidecar_cfg = write_file(
@@ -46,7 +108,6 @@ impl Chain {
         let tunnel = sidecar.listening("sidecar-tunnel");
         let facade = sidecar.listening("sidecar-facade");
 
-        let names: Vec<&str> = accounts.iter().map(|a| a.name).collect();
         let gateway_cfg = write_file(
             dir,
             "gateway.yaml",
@@ -64,30 +125,13 @@ impl Chain {
         let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
         let gateway_addr = gateway.listening("gateway");
 
-        let accounts_yaml: String = accounts
-            .iter()
-            .map(|a| {
-                let extra: String = a.yaml.lines().map(|l| format!("    {l}\n")).collect();
-                format!(
-                    "  - name: {}\n    kubeconfigFile: {}\n{extra}",
-                    a.name,
-                    kubeconfig.display()
-                )
-            })
-            .collect();
-        let agent_cfg = write_file(
-            dir,
-            "agent.yaml",
-            &format!(
-                "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
-                 kubernetes:\n  accounts:\n{accounts_yaml}",
-                gateway_addr.port(),
-                p(pki.ca_cert()),
-                p(pki.cert("agent-agent-1")),
-                p(pki.key("agent-agent-1")),
-            ),
-        );
-        let agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+        let agent_cfg = write_agent(&AgentFiles {
+            gateway_port: gateway_addr.port(),
+            ca: pki.ca_cert(),
+            cert: pki.cert("agent-agent-1"),
+            key: pki.key("agent-agent-1"),
+        });
+        let agent = Proc::spawn("agent", dir, agent(&agent_cfg));
         let chain = Chain {
             sidecar,
             gateway,

@@ -9,7 +9,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use crate::Result;
-use crate::pem::{load_certs, load_key};
+use crate::pem::{load_certs, load_key, load_key_with_password};
 
 /// ALPN protocol id of HTTP/2.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -84,11 +84,24 @@ pub struct ClientFiles<'a> {
 /// Builds a client configuration that trusts `files.ca`, presents
 /// `files.identity` when given, and offers the given ALPN protocols.
 pub fn client_config(files: ClientFiles<'_>, alpn: &[&[u8]]) -> Result<ClientConfig> {
+    client_config_with_key_password(files, None, alpn)
+}
+
+/// As [`client_config`], the identity's key being an encrypted PKCS#8 key
+/// when `key_password` is given (see [`load_key_with_password`]).
+pub fn client_config_with_key_password(
+    files: ClientFiles<'_>,
+    key_password: Option<&str>,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(root_store(files.ca)?);
     let mut config = match files.identity {
-        Some((cert, key)) => builder.with_client_auth_cert(load_certs(cert)?, load_key(key)?)?,
+        Some((cert, key)) => builder.with_client_auth_cert(
+            load_certs(cert)?,
+            load_key_with_password(key, key_password)?,
+        )?,
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();

@@ -48,6 +48,16 @@ pub enum Error {
     /// The client CA bundle could not be turned into a verifier.
     #[error("client CA bundle refused: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// An encrypted PKCS#8 key could not be decrypted (wrong password,
+    /// unsupported scheme) or a password was given for a key that is not
+    /// encrypted. Never holds the password.
+    #[error("{path}: {message}")]
+    KeyDecrypt {
+        /// The key file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// A certificate could not be parsed as X.509.
     #[error("certificate not parseable: {0}")]
     X509(String),

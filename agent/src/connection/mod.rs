@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
-use spinlink_tls::config::{ALPN_H2, ClientFiles, client_config};
+use spinlink_tls::config::{ALPN_H2, ClientFiles, client_config_with_key_password};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::GatewayConfig;
@@ -59,7 +59,12 @@ pub async fn connect_with_sessions(
                 (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
                 _ => None,
             };
-            let mut tls = client_config(ClientFiles { ca, identity }, &[ALPN_H2])?;
+            let password = gateway.key_password.as_ref().map(|p| p.0.as_str());
+            let mut tls = client_config_with_key_password(
+                ClientFiles { ca, identity },
+                password,
+                &[ALPN_H2],
+            )?;
             let store = store.unwrap_or_else(|| sessions::store(ca, identity));
             tls.resumption = rustls::client::Resumption::store(store);
             let name = gateway.server_name.clone().unwrap_or(host);
