@@ -163,3 +163,40 @@ fn a_cold_kubectl_discovers_through_the_facade_as_fast_as_directly() {
     );
     assert_eq!(via.len(), direct.len(), "through the facade: {via:#?}");
 }
+
+/// A large cluster takes a while to list: `spinlink dev` says how far the
+/// initial listing has got, once a second while it moves, and how long it
+/// took once the account is ready.
+#[test]
+fn dev_shows_the_initial_listing_of_a_large_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (_sim, sim_kubeconfig) =
+        support::kube_sim_with(dir, &["--empty", "--seed-objects", "40000"]);
+    let mut dev = support::dev(dir, &dir.join("state"), Some(&sim_kubeconfig));
+    let synced = dev.wait_line("synced: ");
+    let progress = dev.seen("syncing: ");
+    assert!(
+        !progress.is_empty(),
+        "no progress shown:\n{:?}",
+        dev.seen("")
+    );
+    // Each line a step further: objects never go back.
+    let objects = |l: &str| -> u64 {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        words
+            .iter()
+            .position(|w| w.starts_with("objects"))
+            .and_then(|i| words.get(i.checked_sub(1)?))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no object count in {l:?}"))
+    };
+    let counts: Vec<u64> = progress.iter().map(|l| objects(l)).collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+    let total = objects(&synced);
+    assert!(total >= 40_000, "{synced}");
+    assert!(
+        counts.iter().all(|c| *c <= total),
+        "{progress:?} then {synced}"
+    );
+}

@@ -185,9 +185,12 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let stop = shutdown.clone();
     tasks.spawn(async move { agent.run(stop).await.context("agent") });
 
-    // Ready once the account's cache is complete and its relay is attached.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.ready_timeout);
+    // Ready once the account's cache is complete and its relay is attached;
+    // meanwhile, the initial listing's progress once a second when it moved.
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(args.ready_timeout);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut progress = Progress::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -201,8 +204,19 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             }
             () = shutdown.cancelled() => return wait_all(tasks).await,
         }
-        if accounts.status(&args.account).is_some_and(|s| s.ready()) {
+        let status = accounts.status(&args.account);
+        if let Some(status) = status.as_ref().filter(|s| s.ready()) {
+            println!(
+                "synced: {}: {} kinds, {} objects in {:.1}s",
+                args.account,
+                status.kinds_total,
+                status.objects,
+                started.elapsed().as_secs_f64()
+            );
             break;
+        }
+        if let Some(line) = status.and_then(|s| progress.line(&args.account, &s)) {
+            println!("{line}");
         }
         if tokio::time::Instant::now() >= deadline {
             shutdown.cancel();
@@ -295,4 +309,41 @@ fn write_yaml(dir: &Path, name: &str, value: &serde_json::Value) -> anyhow::Resu
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
+}
+
+/// The initial listing's progress, said at most once a second and only
+/// when it moved: a large cluster takes a while to list, and a newcomer
+/// should see it going.
+#[derive(Debug, Default)]
+struct Progress {
+    last: Option<(usize, usize, usize)>,
+    said: Option<tokio::time::Instant>,
+}
+
+impl Progress {
+    fn line(
+        &mut self,
+        account: &str,
+        s: &spinlink_sidecar::accounts::AccountStatus,
+    ) -> Option<String> {
+        let now = tokio::time::Instant::now();
+        let counts = (s.kinds_synced, s.kinds_total, s.objects);
+        if self.last == Some(counts) || self.said.is_some_and(|t| now - t < Duration::from_secs(1))
+        {
+            return None;
+        }
+        self.last = Some(counts);
+        self.said = Some(now);
+        Some(format!(
+            "syncing: {account}: {}/{} kinds listed, {} objects{}",
+            s.kinds_synced,
+            s.kinds_total,
+            s.objects,
+            if s.agent_synced {
+                ""
+            } else {
+                ", more kinds to start"
+            }
+        ))
+    }
 }

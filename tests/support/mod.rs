@@ -134,6 +134,15 @@ impl Proc {
             .unwrap_or_else(|e| panic!("{}: bad address {rest:?}: {e}", self.name))
     }
 
+    /// The stdout lines read so far (by the waits) that start with `prefix`.
+    pub fn seen(&self, prefix: &str) -> Vec<&str> {
+        self.seen
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::as_str)
+            .collect()
+    }
+
     /// The last lines of the process's log.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
