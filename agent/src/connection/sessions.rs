@@ -1,10 +1,15 @@
-//! TLS session tickets kept across reconnects. Every dial builds a fresh
-//! rustls client configuration (the certificate files may have rotated), so
-//! the tickets the gateway sent on the last connection would be lost with
-//! it; they live here instead, per set of TLS files. A returning agent that
-//! offers one resumes its session — no certificate exchange, a fraction of
-//! a full handshake's cost — and the gateway admits it ahead of strangers
-//! in a reconnect storm (the gateway's `listener::limits::Admission`).
+//! TLS session tickets kept across reconnects, and the client configuration
+//! they resume with. The certificate files may rotate between dials, so
+//! tickets and configurations live here, per content of the TLS files, not
+//! in one connection's configuration. A returning agent that offers a ticket
+//! resumes its session — no certificate exchange, a fraction of a full
+//! handshake's cost — and the gateway admits it ahead of strangers in a
+//! reconnect storm (the gateway's `listener::limits::Admission`).
+//!
+//! rustls resumes a session only with the very certificate verifier and
+//! client certificate (the same `Arc`s) that made it, so a configuration
+//! built afresh for each dial never resumes: [`client_config`] builds one
+//! per content of the files and every dial clones it.
 //!
 //! Keyed by the *content* of the CA, certificate and key files, never their
 //! paths: a ticket speaks for the identity of the certificate it was issued
@@ -15,6 +20,7 @@ use std::path::Path;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use ring::digest;
+use rustls::ClientConfig;
 use rustls::client::{ClientSessionMemoryCache, ClientSessionStore};
 
 /// Gateways' tickets kept per set of files (the gateway names it serves
@@ -27,6 +33,35 @@ pub const MAX_IDENTITIES: usize = 64;
 type Stores = HashMap<[u8; 32], Arc<ClientSessionMemoryCache>>;
 
 static STORES: LazyLock<Mutex<Stores>> = LazyLock::new(Mutex::default);
+
+static CONFIGS: LazyLock<Mutex<HashMap<[u8; 32], ClientConfig>>> = LazyLock::new(Mutex::default);
+
+/// The client configuration for these files: built by `build` once per
+/// content of the files and cloned for each dial after, so every dial
+/// shares the verifier and client certificate its tickets were issued
+/// under. Files that cannot be read, or that change while it is built, are
+/// built each time.
+pub fn client_config<E>(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    build: impl FnOnce() -> Result<ClientConfig, E>,
+) -> Result<ClientConfig, E> {
+    let Some(key) = content_key(ca, identity) else {
+        return build();
+    };
+    if let Some(config) = CONFIGS.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(config.clone());
+    }
+    let built = build()?;
+    if content_key(ca, identity) == Some(key) {
+        let mut configs = CONFIGS.lock().unwrap_or_else(|e| e.into_inner());
+        if configs.len() >= MAX_IDENTITIES {
+            configs.clear();
+        }
+        configs.insert(key, built.clone());
+    }
+    Ok(built)
+}
 
 /// The session store for connections made with these files. Files that
 /// cannot be read get a store of their own that nothing else shares
