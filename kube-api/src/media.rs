@@ -71,6 +71,10 @@ pub fn refusal(path: &str, accept: &str) -> Option<Status> {
     let (conversions, resource) = match segs.as_slice() {
         ["api"] | ["apis"] => (DISCOVERY_ROOT, false),
         ["api", _] | ["apis", _] | ["apis", _, _] => (&[][..], false),
+        // Logs, exec, attach, port-forward and proxy stream what they
+        // stream, whatever the Accept header says.
+        [.., "log" | "exec" | "attach" | "portforward"] => return None,
+        _ if segs.contains(&"proxy") => return None,
         ["api", _, _, ..] | ["apis", _, _, _, ..] => (RESOURCE, true),
         _ => return None,
     };
@@ -218,6 +222,9 @@ mod tests {
         ] {
             assert!(refusal(path, accept).is_none(), "{path} {accept}");
         }
+        // Raw subresources are not negotiated.
+        assert!(refusal("/api/v1/namespaces/a/pods/p/log", "text/plain").is_none());
+        assert!(refusal("/api/v1/namespaces/a/services/s/proxy/x", "text/html").is_none());
         // A range weighted q=0 is not acceptable.
         assert!(refusal("/api/v1/pods", "application/json;q=0").is_some());
     }
