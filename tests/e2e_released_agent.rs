@@ -30,6 +30,7 @@ use support::scale::{Policy, Sidecar, account, gateway_yaml, start_gateway};
 use support::{Proc, WAIT, http, wait_for};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::{Channel, Endpoint};
 
 /// The account the released agent serves.
@@ -126,6 +127,8 @@ struct Connection {
     client: TunnelClient<Channel>,
     token: String,
     control: mpsc::Receiver<ControlEvent>,
+    /// Reads `Control`; dropped with the connection, as the agent lets it go.
+    _control_reader: AbortOnDropHandle<()>,
 }
 
 /// The released agent: the cache stream's sequence number (across streams,
@@ -140,8 +143,14 @@ struct ReleasedAgent {
 /// acks and heartbeats.
 struct CacheStream {
     up: mpsc::Sender<CacheUp>,
-    /// Kept: dropping it ends the reader, and with it the stream.
     _down: mpsc::Receiver<cache_down::Msg>,
+    /// Reads the stream; dropped with it, which ends the stream.
+    _reader: AbortOnDropHandle<()>,
+}
+
+/// An open `Relay` stream, answered until dropped.
+struct RelayStream {
+    _answers: AbortOnDropHandle<()>,
 }
 
 impl ReleasedAgent {
@@ -204,7 +213,7 @@ impl ReleasedAgent {
             .unwrap()
             .into_inner();
         let (tx, control) = mpsc::channel(16);
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Ok(Some(event)) = events.message().await {
                 if tx.send(event).await.is_err() {
                     return;
@@ -215,6 +224,7 @@ impl ReleasedAgent {
             client,
             token,
             control,
+            _control_reader: AbortOnDropHandle::new(reader),
         }
     }
 
@@ -241,7 +251,7 @@ impl ReleasedAgent {
         let request = stream_request(ReceiverStream::new(rx), &conn.token);
         let mut stream = conn.client.cache(request).await.unwrap().into_inner();
         let (tx, mut down) = mpsc::channel(16);
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Ok(Some(CacheDown { msg: Some(msg) })) = stream.message().await {
                 let quiet = matches!(msg, cache_down::Msg::Ack(_) | cache_down::Msg::Heartbeat(_));
                 if !quiet && tx.send(msg).await.is_err() {
@@ -256,7 +266,14 @@ impl ReleasedAgent {
         let cache_down::Msg::Resume(resume) = first else {
             panic!("the sidecar's first word is ResumeFrom, not {first:?}");
         };
-        (CacheStream { up, _down: down }, resume)
+        (
+            CacheStream {
+                up,
+                _down: down,
+                _reader: AbortOnDropHandle::new(reader),
+            },
+            resume,
+        )
     }
 
     /// A full listing of [`configmaps`] at `rv`: `SyncStart`, the one
@@ -296,7 +313,7 @@ impl ReleasedAgent {
 
     /// Opens the `Relay` stream and answers every request that comes down
     /// with [`RELAYED_BODY`], recording `METHOD path` of each.
-    async fn serve_relay(&self, conn: &mut Connection) -> mpsc::Sender<RelayUp> {
+    async fn serve_relay(&self, conn: &mut Connection) -> RelayStream {
         let (up, rx) = mpsc::channel(64);
         up.send(RelayUp {
             msg: Some(relay_up::Msg::Open(RelayOpen {
@@ -309,8 +326,7 @@ impl ReleasedAgent {
         let request = stream_request(ReceiverStream::new(rx), &conn.token);
         let mut down = conn.client.relay(request).await.unwrap().into_inner();
         let relayed = self.relayed.clone();
-        let answers = up.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while let Ok(Some(message)) = down.message().await {
                 let Some(relay_down::Msg::Head(head)) = message.msg else {
                     continue;
@@ -336,13 +352,15 @@ impl ReleasedAgent {
                     }),
                 ];
                 for msg in answer {
-                    if answers.send(RelayUp { msg: Some(msg) }).await.is_err() {
+                    if up.send(RelayUp { msg: Some(msg) }).await.is_err() {
                         return;
                     }
                 }
             }
         });
-        up
+        RelayStream {
+            _answers: AbortOnDropHandle::new(task),
+        }
     }
 
     /// The relayed requests whose path names `what`.
@@ -431,7 +449,7 @@ async fn a_released_agent_is_served_by_todays_gateway_and_sidecar() {
     let (cache, resume) = agent.open_cache(&mut conn).await;
     assert!(resume.kinds.is_empty(), "nothing held yet: {resume:?}");
     agent.list(&cache, 7, "blue").await;
-    let _relay = agent.serve_relay(&mut conn).await;
+    let relay = agent.serve_relay(&mut conn).await;
 
     // Ready without `CacheSynced`: the released agent cannot send it, so
     // the sidecar judges by the kinds it started, as the policy promises.
@@ -498,7 +516,7 @@ async fn a_released_agent_is_served_by_todays_gateway_and_sidecar() {
         .map(|kv| kv.resource_version.clone())
         .collect();
     assert_eq!(held, vec!["8".to_owned()], "{resume:?}");
-    drop((cache, conn));
+    drop((cache, relay, conn));
     let status = drained.await.unwrap();
     assert!(
         status.success(),
