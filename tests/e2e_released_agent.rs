@@ -143,9 +143,21 @@ struct ReleasedAgent {
 /// acks and heartbeats.
 struct CacheStream {
     up: mpsc::Sender<CacheUp>,
-    _down: mpsc::Receiver<cache_down::Msg>,
+    down: mpsc::Receiver<cache_down::Msg>,
     /// Reads the stream; dropped with it, which ends the stream.
     _reader: AbortOnDropHandle<()>,
+}
+
+impl CacheStream {
+    /// Asserts the sidecar asked for nothing on this stream since
+    /// `ResumeFrom` (a `Resync` would make the agent list again).
+    fn asked_nothing(&mut self) {
+        let asked = self.down.try_recv();
+        assert!(
+            matches!(asked, Err(mpsc::error::TryRecvError::Empty)),
+            "the sidecar asked the released agent for {asked:?}"
+        );
+    }
 }
 
 /// An open `Relay` stream, answered until dropped.
@@ -269,7 +281,7 @@ impl ReleasedAgent {
         (
             CacheStream {
                 up,
-                _down: down,
+                down,
                 _reader: AbortOnDropHandle::new(reader),
             },
             resume,
@@ -472,7 +484,7 @@ async fn a_released_agent_is_served_by_todays_gateway_and_sidecar() {
     // resourceVersion, so the agent goes on from there with watch events
     // and lists nothing.
     drop(cache);
-    let (cache, resume) = agent.open_cache(&mut conn).await;
+    let (mut cache, resume) = agent.open_cache(&mut conn).await;
     let held: Vec<(String, String)> = resume
         .kinds
         .iter()
@@ -487,6 +499,7 @@ async fn a_released_agent_is_served_by_todays_gateway_and_sidecar() {
     let status = blocking(move || wait_ready(facade)).await;
     assert_eq!(status["objects"], 1, "{status}");
     assert_eq!(agent.relayed("configmaps"), Vec::<String>::new());
+    cache.asked_nothing();
 
     // Drain: the gateway asks the released agent to move (`Reconnect`); it
     // dials another gateway, opens its relay stream there, then its cache
