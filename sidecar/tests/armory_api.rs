@@ -225,6 +225,22 @@ async fn dynamic_accounts_are_created_served_updated_and_deleted() -> anyhow::Re
     assert_eq!(pods.status, 200);
     assert_eq!(pods.json()["items"][0]["metadata"]["name"], "web-1");
 
+    // The agent that serves it, and a disconnect that ends its stream.
+    let agents = api.call("GET", "/armory/agents", "").await?;
+    assert_eq!(agents.status, 200);
+    assert_eq!(
+        agents.json(),
+        json!([{"agentId": IDENTITY, "accounts": ["dyn-1"], "caching": true, "type": "kubernetes"}])
+    );
+    let id = IDENTITY.replace('/', "%2F");
+    let one = api.call("GET", &format!("/armory/agents/{id}"), "").await?;
+    assert_eq!(
+        (one.status, &one.json()["agentId"]),
+        (200, &json!(IDENTITY))
+    );
+    let a = api.call("GET", "/armory/agents/nobody", "").await?;
+    assert_eq!(a.status, 404);
+
     // Update: 202, the change is in spinlink's store at once.
     let update = json!({"name": "dyn-1", "kubeconfigContents": kc, "zoneId": "us"}).to_string();
     let a = api.call("PUT", "/armory/accounts/dynamic", &update).await?;
@@ -255,6 +271,28 @@ async fn dynamic_accounts_are_created_served_updated_and_deleted() -> anyhow::Re
     let pods = api.call("GET", "/accounts/dyn-1/api/v1/pods", "").await?;
     assert_eq!(pods.status, 404);
     let a = api.call("DELETE", "/armory/accounts/dyn-1", "").await?;
+    assert_eq!(a.status, 404);
+
+    // Disconnect: the agent's streams end here (it would reconnect).
+    let file_cache = api.serve("dyn-file").await?;
+    api.wait_state("dyn-file", "ACTIVE").await?;
+    let a = api
+        .call("POST", &format!("/armory/agent/{id}/disconnect"), "{}")
+        .await?;
+    assert_eq!(a.status, 202, "{}", a.json());
+    // Accounts it served here before (dyn-1, deleted) are named too, as
+    // in `POST /v1/agents/{identity}/disconnect`.
+    let named = a.json()["accounts"].as_array().cloned().unwrap_or_default();
+    assert!(named.contains(&json!("dyn-file")), "{named:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api.status_of("dyn-file").await?.1["connections"] != 0 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "still connected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(file_cache);
+    let a = api
+        .call("POST", "/armory/agent/nobody/disconnect", "")
+        .await?;
     assert_eq!(a.status, 404);
 
     // Paths without meaning in spinlink say what to use instead.

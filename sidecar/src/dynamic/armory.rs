@@ -114,6 +114,22 @@ pub struct KubesvcAccount {
     pub last_updated: String,
 }
 
+/// An agent in the shape of Armory's `GET /armory/agents`: its identity,
+/// the accounts it serves (or served) here, and whether it caches any.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArmoryAgent {
+    /// The agent identity the gateway verified.
+    pub agent_id: String,
+    /// Its accounts on this sidecar.
+    pub accounts: Vec<String>,
+    /// A cache stream of it is open here.
+    pub caching: bool,
+    /// Always `kubernetes`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
 /// Armory's accounts API over [`Dynamic`], with the INACTIVE accounts.
 pub struct Armory {
     dynamic: Arc<Dynamic>,
@@ -208,6 +224,9 @@ enum Route {
     Migrate,
     Patch,
     DeleteMany,
+    Agents,
+    Agent(String),
+    Disconnect(String),
     /// An Armory path spinlink has no meaning for: 501 with this message.
     NotImplemented(&'static str),
 }
@@ -223,6 +242,9 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         (&Method::DELETE, ["accounts"]) => Route::DeleteMany,
         (&Method::GET, ["accounts", name]) => Route::Get(decode(name)),
         (&Method::DELETE, ["accounts", name]) => Route::DeleteOne(decode(name)),
+        (&Method::GET, ["agents"]) => Route::Agents,
+        (&Method::GET, ["agents", id]) => Route::Agent(decode(id)),
+        (&Method::POST, ["agent", id, "disconnect"]) => Route::Disconnect(decode(id)),
         (_, ["clouddrivers", "sql", "pool", "settings"]) => Route::NotImplemented(
             "spinlink keeps no SQL pool in Clouddriver; the sidecar's store is configured \
              under store: in its configuration (see docs/deploy/sidecar.md)",
@@ -325,6 +347,21 @@ impl Armory {
             retry_count: 0,
             last_updated: view.map(|v| v.updated_at).unwrap_or_default(),
         }))
+    }
+
+    /// Every agent with an account on this sidecar, by identity.
+    pub fn agents(&self) -> Vec<ArmoryAgent> {
+        self.dynamic
+            .accounts()
+            .agents()
+            .into_iter()
+            .map(|a| ArmoryAgent {
+                agent_id: a.identity,
+                caching: a.accounts.iter().any(|x| x.cache_streams > 0),
+                accounts: a.accounts.into_iter().map(|x| x.name).collect(),
+                kind: "kubernetes",
+            })
+            .collect()
     }
 
     /// The create request of a `POST`/`PUT /armory/accounts/dynamic` body.
@@ -592,6 +629,29 @@ where
     };
     match route {
         Route::NotImplemented(message) => error_response(StatusCode::NOT_IMPLEMENTED, message),
+        Route::Agents => json(StatusCode::OK, &armory.agents()),
+        Route::Agent(id) => match armory.agents().into_iter().find(|a| a.agent_id == id) {
+            Some(agent) => json(StatusCode::OK, &agent),
+            None => error_response(
+                StatusCode::NOT_FOUND,
+                format!("no agent {id:?} has an account on this sidecar"),
+            ),
+        },
+        // Armory's `DisconnectRequest` body says who asked; spinlink needs
+        // nothing from it, so it is not read.
+        Route::Disconnect(id) => match armory.dynamic.accounts().disconnect_agent(&id) {
+            Some(names) => {
+                tracing::info!(identity = %id, accounts = ?names, "agent disconnected by the Armory API");
+                json(
+                    StatusCode::ACCEPTED,
+                    &serde_json::json!({"agentId": id, "accounts": names}),
+                )
+            }
+            None => error_response(
+                StatusCode::NOT_FOUND,
+                format!("no agent {id:?} has an account on this sidecar"),
+            ),
+        },
         Route::Get(name) => match armory.account(&name).await {
             Ok(Some(account)) => json(StatusCode::OK, &account),
             Ok(None) => error_response(
@@ -721,7 +781,7 @@ mod tests {
             serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut count = 0;
         for (path, item) in doc["paths"].as_object().unwrap() {
-            let concrete = path.replace("{accountName}", "a");
+            let concrete = path.replace("{accountName}", "a").replace("{agentId}", "a");
             for method in item.as_object().unwrap().keys() {
                 if method == "parameters" {
                     continue;
@@ -734,7 +794,7 @@ mod tests {
                 count += 1;
             }
         }
-        assert_eq!(count, 12, "operations documented");
+        assert_eq!(count, 15, "operations documented");
         let account = KubesvcAccount {
             name: String::new(),
             status: ArmoryState::Active,
