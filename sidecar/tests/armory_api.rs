@@ -219,6 +219,10 @@ async fn dynamic_accounts_are_created_served_updated_and_deleted() -> anyhow::Re
     // serves its cache.
     let cache = api.serve("dyn-1").await?;
     let v = api.wait_state("dyn-1", "ACTIVE").await?;
+    let polled = api
+        .call("GET", "/agents/kubernetes/accounts/dyn-1", "")
+        .await?;
+    assert_eq!((polled.status, polled.json()), (200, v.clone()));
     assert_kubesvc_account(&v, "dyn-1", "ACTIVE");
     assert_eq!(v["connections"], 1, "{v}");
     let pods = api.call("GET", "/accounts/dyn-1/api/v1/pods", "").await?;

@@ -23,8 +23,10 @@ use super::{CreateRequest, Dynamic, Error, MigrateRequest, View};
 use crate::accounts::Presence;
 use crate::facade::body::Body;
 
-/// Every path this API answers starts with this.
+/// Every path of Armory's REST API starts with this...
 pub const PREFIX: &str = "/armory/";
+/// ...but the account detail scripts poll for ACTIVE, served here too.
+pub const KUBERNETES_ACCOUNTS: &str = "/agents/kubernetes/accounts/";
 /// Most entries in one `POST`/`PATCH`/`DELETE /armory/accounts` body.
 pub const MAX_ITEMS: usize = 1000;
 /// Most INACTIVE accounts held in memory.
@@ -232,6 +234,11 @@ enum Route {
 }
 
 fn route(method: &Method, path: &str) -> Option<Route> {
+    if let Some(name) = path.strip_prefix(KUBERNETES_ACCOUNTS) {
+        let name = name.trim_end_matches('/');
+        return (method == Method::GET && !name.is_empty() && !name.contains('/'))
+            .then(|| Route::Get(decode(name)));
+    }
     let rest = path.strip_prefix(PREFIX)?;
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     Some(match (method, segs.as_slice()) {
@@ -766,6 +773,15 @@ mod tests {
             route(&Method::GET, "/armory/accounts/a%2Eb"),
             Some(Route::Get(n)) if n == "a.b"
         ));
+        assert!(matches!(
+            route(&Method::GET, "/agents/kubernetes/accounts/prod"),
+            Some(Route::Get(n)) if n == "prod"
+        ));
+        assert!(!serves(&Method::GET, "/agents/kubernetes/accounts/"));
+        assert!(!serves(
+            &Method::GET,
+            "/agents/kubernetes/accounts/a/namespaces"
+        ));
         assert!(!serves(&Method::GET, "/armory/nothing"));
         assert!(!serves(&Method::GET, "/v1/accounts"));
     }
@@ -794,7 +810,7 @@ mod tests {
                 count += 1;
             }
         }
-        assert_eq!(count, 15, "operations documented");
+        assert_eq!(count, 16, "operations documented");
         let account = KubesvcAccount {
             name: String::new(),
             status: ArmoryState::Active,
