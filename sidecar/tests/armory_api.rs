@@ -245,6 +245,46 @@ async fn dynamic_accounts_are_created_served_updated_and_deleted() -> anyhow::Re
     let a = api.call("GET", "/armory/agents/nobody", "").await?;
     assert_eq!(a.status, 404);
 
+    // A write with no relay stream open is journaled, and shows in the
+    // operation history.
+    let write = api
+        .call(
+            "DELETE",
+            "/accounts/dyn-1/api/v1/namespaces/demo/pods/web-1",
+            "",
+        )
+        .await?;
+    assert_eq!(write.status, 503);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let record = loop {
+        let ops = api.call("GET", "/armory/agent/operations", "").await?;
+        assert_eq!(ops.status, 200);
+        if let Some(first) = ops.json().as_array().and_then(|a| a.first().cloned()) {
+            break first;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "never journaled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(record["account"], "dyn-1", "{record}");
+    assert_eq!(
+        record["operationType"],
+        "DELETE /api/v1/namespaces/demo/pods/web-1"
+    );
+    assert_eq!(record["finalOutcome"], "unavailable", "{record}");
+    assert_eq!(record["resultReceivedFromAgent"]["agentId"], IDENTITY);
+    let op_id = record["operationId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let one = api
+        .call("GET", &format!("/armory/agent/operations/{op_id}"), "")
+        .await?;
+    assert_eq!((one.status, one.json()), (200, record));
+    let none = api
+        .call("GET", "/armory/agent/operations/x:y:1", "")
+        .await?;
+    assert_eq!(none.status, 404);
+
     // Update: 202, the change is in spinlink's store at once.
     let update = json!({"name": "dyn-1", "kubeconfigContents": kc, "zoneId": "us"}).to_string();
     let a = api.call("PUT", "/armory/accounts/dynamic", &update).await?;

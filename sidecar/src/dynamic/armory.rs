@@ -228,6 +228,8 @@ enum Route {
     DeleteMany,
     Agents,
     Agent(String),
+    Operations,
+    Operation(String),
     Disconnect(String),
     /// An Armory path spinlink has no meaning for: 501 with this message.
     NotImplemented(&'static str),
@@ -249,6 +251,8 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         (&Method::DELETE, ["accounts"]) => Route::DeleteMany,
         (&Method::GET, ["accounts", name]) => Route::Get(decode(name)),
         (&Method::DELETE, ["accounts", name]) => Route::DeleteOne(decode(name)),
+        (&Method::GET, ["agent", "operations"]) => Route::Operations,
+        (&Method::GET, ["agent", "operations", id]) => Route::Operation(decode(id)),
         (&Method::GET, ["agents"]) => Route::Agents,
         (&Method::GET, ["agents", id]) => Route::Agent(decode(id)),
         (&Method::POST, ["agent", id, "disconnect"]) => Route::Disconnect(decode(id)),
@@ -369,6 +373,23 @@ impl Armory {
                 kind: "kubernetes",
             })
             .collect()
+    }
+
+    /// The recent relayed operations of every account this sidecar knows,
+    /// from the journal, newest first, in Armory's `OperationHistoryRecord`
+    /// shape. Their `operationId` is `{account}:{sidecar}:{id}`.
+    pub async fn operations(&self) -> Result<Vec<serde_json::Value>, crate::store::Error> {
+        let accounts = self.dynamic.accounts();
+        let mut records = Vec::new();
+        for account in accounts.all() {
+            let name = account.name();
+            let agent = account.status().agent_identity;
+            for op in accounts.operations(name).await?.unwrap_or_default() {
+                records.push((op.received, history_record(name, &agent, &op)));
+            }
+        }
+        records.sort_by_key(|r| std::cmp::Reverse(r.0));
+        Ok(records.into_iter().map(|(_, r)| r).collect())
     }
 
     /// The create request of a `POST`/`PUT /armory/accounts/dynamic` body.
@@ -602,6 +623,37 @@ impl Armory {
     }
 }
 
+/// One relayed operation as Armory's `OperationHistoryRecord`.
+fn history_record(
+    account: &str,
+    agent: &str,
+    op: &crate::accounts::Operation,
+) -> serde_json::Value {
+    let millis = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| t.timestamp_millis());
+    let agent_ms = match (op.agent_started, op.agent_finished) {
+        (Some(s), Some(f)) => Some((f - s).num_milliseconds()),
+        _ => None,
+    };
+    serde_json::json!({
+        "operationId": format!("{account}:{}:{}", op.instance, op.id),
+        "operationType": format!("{} {}", op.method, op.path),
+        "account": account,
+        "startTime": op.received.timestamp_millis(),
+        "endTime": millis(op.answered),
+        "totalDurationMs": op.answered.map(|a| (a - op.received).num_milliseconds()),
+        "finalOutcome": op.outcome,
+        "opReceivedByClouddriver": {"clouddriverId": op.instance, "time": op.received.timestamp_millis()},
+        "opProcessedByClouddriver": {"clouddriverId": op.instance, "time": op.received.timestamp_millis()},
+        "opSentToAgent": millis(op.sent_to_agent),
+        "resultReceivedFromAgent": {
+            "agentId": agent,
+            "clouddriverId": op.instance,
+            "result": {"status": op.status, "durationMs": agent_ms},
+        },
+        "resultReceivedByClouddriver": millis(op.answered),
+    })
+}
+
 /// A list body must have 1 to [`MAX_ITEMS`] entries.
 async fn read_list<B, T>(body: B) -> Result<Vec<T>, Response<Body>>
 where
@@ -637,6 +689,27 @@ where
     match route {
         Route::NotImplemented(message) => error_response(StatusCode::NOT_IMPLEMENTED, message),
         Route::Agents => json(StatusCode::OK, &armory.agents()),
+        Route::Operations | Route::Operation(_) => {
+            let all = match armory.operations().await {
+                Ok(all) => all,
+                Err(e) => {
+                    return error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the journal of relayed operations could not be read: {e}"),
+                    );
+                }
+            };
+            match route {
+                Route::Operation(id) => match all.into_iter().find(|r| r["operationId"] == id) {
+                    Some(record) => json(StatusCode::OK, &record),
+                    None => error_response(
+                        StatusCode::NOT_FOUND,
+                        format!("no operation {id:?} in the journal"),
+                    ),
+                },
+                _ => json(StatusCode::OK, &all),
+            }
+        }
         Route::Agent(id) => match armory.agents().into_iter().find(|a| a.agent_id == id) {
             Some(agent) => json(StatusCode::OK, &agent),
             None => error_response(
@@ -810,7 +883,7 @@ mod tests {
                 count += 1;
             }
         }
-        assert_eq!(count, 16, "operations documented");
+        assert_eq!(count, 18, "operations documented");
         let account = KubesvcAccount {
             name: String::new(),
             status: ArmoryState::Active,
