@@ -26,17 +26,19 @@ enum Route {
     List,
 }
 
+/// A path segment, percent-decoded.
+pub(crate) fn decode(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 fn route(method: &Method, path: &str) -> Option<Route> {
     if path == LIST || path == format!("{LIST}/") {
         return (method == Method::GET).then_some(Route::List);
     }
     let rest = path.strip_prefix(PREFIX)?;
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
     match (method, segs.as_slice()) {
         (&Method::POST, []) => Some(Route::Create),
         (&Method::DELETE, [name]) => Some(Route::Delete(decode(name))),
@@ -50,7 +52,8 @@ pub fn serves(method: &Method, path: &str) -> bool {
     route(method, path).is_some()
 }
 
-fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+/// `value` as a JSON answer with `code`.
+pub(crate) fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = Response::new(full(Bytes::from(body)));
     *resp.status_mut() = code;
@@ -77,9 +80,30 @@ fn error(e: &Error) -> Response<Body> {
     status_response(&status)
 }
 
+/// Why a request body was not read.
+pub(crate) enum BodyError {
+    /// The body stream failed (400).
+    Cut,
+    /// Larger than [`MAX_BODY`] (413).
+    TooLarge,
+    /// Not the expected JSON (400): a message that never quotes a value.
+    Json(String),
+}
+
+impl BodyError {
+    /// The message for the answer.
+    pub(crate) fn message(&self) -> String {
+        match self {
+            Self::Cut => "the request body was cut".into(),
+            Self::TooLarge => format!("the body must be JSON of at most {MAX_BODY} bytes"),
+            Self::Json(what) => format!("request body: {what}"),
+        }
+    }
+}
+
 /// Reads a JSON body of at most [`MAX_BODY`] bytes; an empty body is
 /// `default` when one is given.
-async fn body<B, T>(body: B, default: Option<T>) -> Result<T, Response<Body>>
+pub(crate) async fn read_body<B, T>(body: B, default: Option<T>) -> Result<T, BodyError>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display + Send,
@@ -89,17 +113,11 @@ where
     let mut bytes = Vec::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            return Err(status_response(&Status::bad_request(
-                "the request body was cut",
-            )));
+            return Err(BodyError::Cut);
         };
         if let Some(data) = frame.data_ref() {
             if bytes.len() + data.len() > MAX_BODY {
-                return Err(status_response(&Status::new(
-                    413,
-                    "RequestEntityTooLarge",
-                    format!("the body must be JSON of at most {MAX_BODY} bytes"),
-                )));
+                return Err(BodyError::TooLarge);
             }
             bytes.extend_from_slice(data);
         }
@@ -113,7 +131,8 @@ where
     // credential: only unknown and missing fields are named.
     serde_json::from_slice(&bytes).map_err(|e| {
         let message = e.to_string();
-        let what = if message.starts_with("unknown field") || message.starts_with("missing field") {
+        let named = ["unknown field", "missing field"];
+        BodyError::Json(if named.iter().any(|n| message.starts_with(n)) {
             message
         } else {
             format!(
@@ -121,8 +140,23 @@ where
                 e.line(),
                 e.column()
             )
-        };
-        status_response(&Status::bad_request(format!("request body: {what}")))
+        })
+    })
+}
+
+/// [`read_body`], its errors as `metav1.Status` answers.
+async fn body<B, T>(body: B, default: Option<T>) -> Result<T, Response<Body>>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display + Send,
+    T: serde::de::DeserializeOwned,
+{
+    read_body(body, default).await.map_err(|e| {
+        let message = e.message();
+        status_response(&match e {
+            BodyError::TooLarge => Status::new(413, "RequestEntityTooLarge", message),
+            BodyError::Cut | BodyError::Json(_) => Status::bad_request(message),
+        })
     })
 }
 

@@ -2,7 +2,8 @@
 //! (`POST /v1/accounts` with a kubeconfig, `DELETE /v1/accounts/{name}`,
 //! `POST /v1/accounts/{name}/migrate` from Clouddriver) and handed to one
 //! agent of their zone over its `Assignments` stream
-//! ([`crate::tunnel::assignments`]). Start with [`Dynamic`].
+//! ([`crate::tunnel::assignments`]). Start with [`Dynamic`]; [`armory`]
+//! serves the same accounts through the Armory Scale Agent's REST paths.
 //!
 //! The kubeconfig is checked ([`kubeconfig`]), its cluster's CA fingerprint
 //! claimed for the name (an account name held for another cluster is
@@ -11,6 +12,7 @@
 //! errors or the API's answers.
 
 pub mod api;
+pub mod armory;
 pub mod crypto;
 pub mod kubeconfig;
 
@@ -90,8 +92,8 @@ pub enum Error {
 /// Result with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The body of `POST /v1/accounts`.
-#[derive(Deserialize)]
+/// The body of `POST /v1/accounts`. Not `Debug`: it holds a kubeconfig.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateRequest {
     /// Account name.
@@ -203,6 +205,11 @@ impl Dynamic {
     pub fn with_clouddriver(mut self, clouddriver: Option<ClouddriverConfig>) -> Self {
         self.clouddriver = clouddriver;
         self
+    }
+
+    /// The accounts this sidecar serves.
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
     }
 
     /// The store.
@@ -346,6 +353,19 @@ impl Dynamic {
     /// containers). Once the account comes online, the usual registration
     /// replaces Clouddriver's definition with the facade-backed one.
     pub async fn migrate(&self, name: &str, request: MigrateRequest) -> Result<View> {
+        let create = self.migration_request(name, request).await?;
+        let view = self.create(create).await?;
+        tracing::info!(account = %name, "account migrated from Clouddriver");
+        Ok(view)
+    }
+
+    /// What [`Dynamic::migrate`] would create for `name`, read from
+    /// Clouddriver's definition but not stored.
+    pub async fn migration_request(
+        &self,
+        name: &str,
+        request: MigrateRequest,
+    ) -> Result<CreateRequest> {
         if self.cipher.is_none() {
             return Err(Error::NoKey);
         }
@@ -369,17 +389,13 @@ impl Dynamic {
                 .and_then(|v| v.as_str())
                 .map(str::to_owned)
         });
-        let view = self
-            .create(CreateRequest {
-                name: name.to_owned(),
-                kubeconfig,
-                context,
-                zone: request.zone,
-                namespaces: request.namespaces.unwrap_or_else(|| strings("namespaces")),
-            })
-            .await?;
-        tracing::info!(account = %name, "account migrated from Clouddriver");
-        Ok(view)
+        Ok(CreateRequest {
+            name: name.to_owned(),
+            kubeconfig,
+            context,
+            zone: request.zone,
+            namespaces: request.namespaces.unwrap_or_else(|| strings("namespaces")),
+        })
     }
 
     /// The definition of `name` as Clouddriver's account storage serves it:
@@ -444,7 +460,10 @@ const MAX_KUBECONFIG_FILE: u64 = 1 << 20;
 
 /// The kubeconfig of Clouddriver's definition of `name`: its
 /// `kubeconfigContents`, else the file `kubeconfigFile` names, read here.
-async fn stored_kubeconfig(name: &str, definition: &serde_json::Value) -> Result<String> {
+pub(crate) async fn stored_kubeconfig(
+    name: &str,
+    definition: &serde_json::Value,
+) -> Result<String> {
     let field = |key: &str| {
         definition
             .get(key)

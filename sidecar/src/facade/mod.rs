@@ -57,6 +57,8 @@ pub struct Facade {
     openapi: Arc<openapi::OpenApiCache>,
     /// Dynamic accounts (`POST`/`DELETE /v1/accounts`…), when served.
     dynamic: Option<Arc<crate::dynamic::Dynamic>>,
+    /// Armory's accounts API (`/armory/...`) over the same dynamic accounts.
+    armory: Option<Arc<crate::dynamic::armory::Armory>>,
 }
 
 impl Facade {
@@ -69,6 +71,7 @@ impl Facade {
             metrics: Metrics::default(),
             ownership: None,
             dynamic: None,
+            armory: None,
             watch: watch::Settings::default(),
             openapi: Arc::new(openapi::OpenApiCache::new(
                 usize::try_from(crate::config::DEFAULT_OPENAPI_CACHE_BYTES).unwrap_or(usize::MAX),
@@ -107,9 +110,13 @@ impl Facade {
         self
     }
 
-    /// Serves the dynamic accounts API from `dynamic`.
+    /// Serves the dynamic accounts API, and Armory's accounts API over it,
+    /// from `dynamic`.
     #[must_use]
     pub fn with_dynamic(mut self, dynamic: Arc<crate::dynamic::Dynamic>) -> Self {
+        self.armory = Some(Arc::new(crate::dynamic::armory::Armory::new(
+            dynamic.clone(),
+        )));
         self.dynamic = Some(dynamic);
         self
     }
@@ -139,6 +146,11 @@ impl Facade {
             self.metrics
                 .openapi_cache(self.openapi.bytes(), self.openapi.documents());
             return body::text(self.metrics.render(&self.accounts));
+        }
+        if let Some(armory) = &self.armory
+            && crate::dynamic::armory::serves(req.method(), &path)
+        {
+            return crate::dynamic::armory::handle(armory, req).await;
         }
         if let Some(dynamic) = &self.dynamic
             && crate::dynamic::api::serves(req.method(), &path)
