@@ -60,11 +60,9 @@ pub async fn connect_with_sessions(
                 _ => None,
             };
             let password = gateway.key_password.as_ref().map(|p| p.0.as_str());
-            let mut tls = sessions::client_config(ca, identity, || {
+            let tls = sessions::client_config(ca, identity, store, || {
                 client_config_with_key_password(ClientFiles { ca, identity }, password, &[ALPN_H2])
             })?;
-            let store = store.unwrap_or_else(|| sessions::store(ca, identity));
-            tls.resumption = rustls::client::Resumption::store(store);
             let name = gateway.server_name.clone().unwrap_or(host);
             let server_name = ServerName::try_from(name)
                 .map_err(|e| url_error(format!("TLS server name: {e}")))?;

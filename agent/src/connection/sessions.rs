@@ -36,38 +36,56 @@ static STORES: LazyLock<Mutex<Stores>> = LazyLock::new(Mutex::default);
 
 static CONFIGS: LazyLock<Mutex<HashMap<[u8; 32], ClientConfig>>> = LazyLock::new(Mutex::default);
 
-/// The client configuration for these files: built by `build` once per
-/// content of the files and cloned for each dial after, so every dial
-/// shares the verifier and client certificate its tickets were issued
-/// under. Files that cannot be read, or that change while it is built, are
-/// built each time.
+/// The client configuration for a dial with these files, resuming from
+/// `store` (default: the process's store for the files): built by `build`
+/// once per content of the files and cloned for each dial after, so every
+/// dial shares the verifier and client certificate its tickets were issued
+/// under. The files are read once per dial. Files that cannot be read, or
+/// that change while it is built, are built each time.
 pub fn client_config<E>(
     ca: &Path,
     identity: Option<(&Path, &Path)>,
+    store: Option<Arc<dyn ClientSessionStore>>,
     build: impl FnOnce() -> Result<ClientConfig, E>,
 ) -> Result<ClientConfig, E> {
-    let Some(key) = content_key(ca, identity) else {
-        return build();
-    };
-    if let Some(config) = CONFIGS.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(config.clone());
-    }
-    let built = build()?;
-    if content_key(ca, identity) == Some(key) {
-        let mut configs = CONFIGS.lock().unwrap_or_else(|e| e.into_inner());
-        if configs.len() >= MAX_IDENTITIES {
-            configs.clear();
+    let key = content_key(ca, identity);
+    let store = store.unwrap_or_else(|| store_for(key));
+    let cached = key.and_then(|key| {
+        CONFIGS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    });
+    let mut config = match (cached, key) {
+        (Some(config), _) => config,
+        (None, None) => build()?,
+        (None, Some(key)) => {
+            let built = build()?;
+            if content_key(ca, identity) == Some(key) {
+                let mut configs = CONFIGS.lock().unwrap_or_else(|e| e.into_inner());
+                if configs.len() >= MAX_IDENTITIES {
+                    configs.clear();
+                }
+                configs.insert(key, built.clone());
+            }
+            built
         }
-        configs.insert(key, built.clone());
-    }
-    Ok(built)
+    };
+    config.resumption = rustls::client::Resumption::store(store);
+    Ok(config)
 }
 
 /// The session store for connections made with these files. Files that
 /// cannot be read get a store of their own that nothing else shares
 /// (building the configuration reports the error).
 pub fn store(ca: &Path, identity: Option<(&Path, &Path)>) -> Arc<dyn ClientSessionStore> {
-    let Some(key) = content_key(ca, identity) else {
+    store_for(content_key(ca, identity))
+}
+
+/// The store for files whose content has `key` (`None`: unreadable).
+fn store_for(key: Option<[u8; 32]>) -> Arc<dyn ClientSessionStore> {
+    let Some(key) = key else {
         return Arc::new(ClientSessionMemoryCache::new(SESSIONS_PER_IDENTITY));
     };
     let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());

@@ -210,17 +210,12 @@ pub fn parse(method: &str, path: &str, query: &str) -> Result<Target, String> {
     if let Some(sub) = sub {
         qualified = format!("{qualified}/{sub}");
     }
-    let verb = match (method, name.is_some()) {
-        ("GET" | "HEAD", _) if watch => "watch",
-        ("GET" | "HEAD", true) => "get",
-        ("GET" | "HEAD", false) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", true) => "delete",
-        ("DELETE", false) => "deletecollection",
-        _ => method_verb.as_str(),
-    };
+    // The API server's verb, as kube-sim's authorizer and the facade's read
+    // reviews derive it; another method is named by itself.
+    let verb = http::Method::from_bytes(method.as_bytes())
+        .ok()
+        .and_then(|m| spinlink_kube_api::request_verb(&m, name.is_some(), watch))
+        .unwrap_or(method_verb.as_str());
     Ok(Target {
         verb: verb.to_owned(),
         resource: Some(qualified),

@@ -39,8 +39,6 @@ pub struct Budget {
     limit: usize,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Weak<Usage>>>,
-    /// The sum at the last sweep.
-    total: AtomicUsize,
 }
 
 /// One connection's report.
@@ -76,18 +74,7 @@ impl Budget {
             limit,
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
-            total: AtomicUsize::new(0),
         })
-    }
-
-    /// The budget in bytes.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Bytes all connections held at the last sweep.
-    pub fn total(&self) -> usize {
-        self.total.load(Ordering::Relaxed)
     }
 
     /// A new connection's place.
@@ -112,7 +99,6 @@ impl Budget {
             .map(|u| (u.bytes.load(Ordering::Relaxed), u))
             .collect();
         let total: usize = held.iter().map(|(b, _)| b).sum();
-        self.total.store(total, Ordering::Relaxed);
         let mut ended = 0;
         if total > self.limit {
             let target = self.limit / 10 * 9;

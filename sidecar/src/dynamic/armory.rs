@@ -810,6 +810,23 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn list_bodies_are_bounded() {
+        let body = |text: String| http_body_util::Full::new(Bytes::from(text));
+        let names = |n: usize| serde_json::to_string(&vec!["a"; n]).unwrap();
+        // A client may not make one request do unbounded work.
+        let over = read_list::<_, String>(body(names(MAX_ITEMS + 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(over.status(), StatusCode::BAD_REQUEST);
+        let empty = read_list::<_, String>(body("[]".into())).await.unwrap_err();
+        assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+        let most = read_list::<_, String>(body(names(MAX_ITEMS)))
+            .await
+            .unwrap();
+        assert_eq!(most.len(), MAX_ITEMS);
+    }
+
     #[test]
     fn spinlink_states_map_onto_armory_states() {
         use ArmoryState::*;
