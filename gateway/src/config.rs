@@ -62,6 +62,12 @@ pub const MAX_HANDSHAKE_QUEUE_SECONDS: f64 = 60.0;
 pub const DEFAULT_HELLO_PER_SECOND: f64 = 1.0;
 /// Default burst of `Hello` calls per identity.
 pub const DEFAULT_HELLO_BURST: u32 = 10;
+/// Default rate of carried streams an identity may cancel before their
+/// answer, per second. An honest agent cancels one when a client gives up on
+/// a relayed request before the cluster answered: a few a minute.
+pub const DEFAULT_CANCELS_PER_SECOND: f64 = 5.0;
+/// Default burst of such cancels per identity.
+pub const DEFAULT_CANCEL_BURST: u32 = 50;
 /// Default bound on a `Hello` request's size.
 pub const DEFAULT_MAX_HELLO_BYTES: usize = 4 * 1024 * 1024;
 /// Default `listener.maxBufferedBytes`: half the Helm chart's memory limit
@@ -265,6 +271,14 @@ pub struct ListenerConfig {
     pub hello_per_second: f64,
     /// `Hello` calls one identity may make at once.
     pub hello_burst: u32,
+    /// Carried streams one identity may cancel (by its reset, or by frames
+    /// that make the gateway reset them) before the sidecar answered, per
+    /// second, across its connections: each such cancel reaches a sidecar's
+    /// shared connection as a reset, and a sidecar's HTTP/2 server ends the
+    /// whole connection when too many come.
+    pub cancels_per_second: f64,
+    /// Such cancels one identity may make at once.
+    pub cancel_burst: u32,
     /// Largest `Hello` request accepted, in bytes.
     pub max_hello_bytes: usize,
     /// Largest gRPC message an agent may send on a carried (`Cache`,
@@ -309,6 +323,8 @@ impl Default for ListenerConfig {
             handshake_burst_per_source: DEFAULT_HANDSHAKE_BURST_PER_SOURCE,
             hello_per_second: DEFAULT_HELLO_PER_SECOND,
             hello_burst: DEFAULT_HELLO_BURST,
+            cancels_per_second: DEFAULT_CANCELS_PER_SECOND,
+            cancel_burst: DEFAULT_CANCEL_BURST,
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
@@ -603,10 +619,14 @@ impl Config {
                 l.handshakes_per_second_per_source,
             ),
             ("helloPerSecond", l.hello_per_second),
+            ("cancelsPerSecond", l.cancels_per_second),
         ] {
             if !(rate.is_finite() && rate > 0.0) {
                 return Err(invalid(key, "must be a positive number"));
             }
+        }
+        if l.cancel_burst == 0 {
+            return Err(invalid("cancelBurst", "must be at least 1"));
         }
         if l.handshake_burst == 0 {
             return Err(invalid("handshakeBurst", "must be at least 1"));

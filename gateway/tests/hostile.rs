@@ -8,10 +8,15 @@
 //! - a SETTINGS_INITIAL_WINDOW_SIZE that takes an open stream's send window
 //!   past 2^31−1: `FLOW_CONTROL_ERROR`;
 //! - a connection that never sends the HTTP/2 preface is closed after
-//!   `listener.prefaceTimeoutSeconds`, while one that did stays.
+//!   `listener.prefaceTimeoutSeconds`, while one that did stays;
+//! - an identity cancelling carried streams before their answer loses its
+//!   connection past `listener.cancelBurst`, across reconnects.
 
 mod common;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -233,4 +238,100 @@ fn ping_frame() -> BytesMut {
     let mut out = BytesMut::new();
     frame::write_ping(&mut out, false, [9; 8]);
     out
+}
+
+/// A sidecar that takes every stream and never answers one: whatever the
+/// agent cancels is cancelled before its answer. Counts the streams it got.
+async fn silent_sidecar() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = Arc::new(AtomicUsize::new(0));
+    tokio::spawn({
+        let got = got.clone();
+        async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let got = got.clone();
+                let service = hyper::service::service_fn(move |_req| {
+                    got.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<Result<http::Response<String>, std::io::Error>>()
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+                );
+            }
+        }
+    });
+    (addr, got)
+}
+
+/// Opens a `Cache` stream for `account` on `channel`, waits until the
+/// sidecar has it (the `got`-th stream), and drops it: the agent's client
+/// resets it before any answer.
+async fn cancel_one(
+    channel: &tonic::transport::Channel,
+    account: &str,
+    token: &str,
+    got: &AtomicUsize,
+    nth: usize,
+) {
+    let (channel, account, token) = (channel.clone(), account.to_owned(), token.to_owned());
+    let call = tokio::spawn(async move {
+        let _ = open_cache(&channel, move |s| with_metadata(s, &account, &token)).await;
+    });
+    eventually("the sidecar to get the stream", || {
+        got.load(Ordering::SeqCst) >= nth
+    })
+    .await;
+    call.abort();
+}
+
+/// An identity that keeps cancelling carried streams before the sidecar
+/// answered sends the sidecar's shared connection a reset for each; past
+/// `listener.cancelBurst` it loses its own connection, and reconnecting buys
+/// it nothing: the budget is the identity's, not the connection's. (Before
+/// it, resets were bounded only per connection — a thousand each — and an
+/// agent reconnecting in a loop made the sidecar's HTTP/2 server end the
+/// connection every account shares.)
+#[tokio::test]
+async fn cancelling_streams_before_their_answer_is_budgeted_per_identity() {
+    let pki = pki();
+    let (sidecar, got) = silent_sidecar().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!(
+            "upstreams: [{{url: 'http://{sidecar}'}}]\n\
+             upstreamPool: {{healthCheck: {{intervalSeconds: 0}}}}\n\
+             listener: {{cancelsPerSecond: 0.001, cancelBurst: 3}}\n"
+        ),
+    ))
+    .await;
+    let channel = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&channel, "dev-1").await;
+    for n in 1..=3 {
+        cancel_one(&channel, "dev-1", &token, &got, n).await;
+    }
+    // Within the burst: the connection goes on.
+    assert_eq!(gw.stats.metrics().refusals(Refusal::Cancels), 0);
+    cancel_one(&channel, "dev-1", &token, &got, 4).await;
+    wait_refusals(&gw.stats, Refusal::Cancels, 1).await;
+
+    // A new connection of the same identity: one cancel ends it.
+    let again = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&again, "dev-1").await;
+    cancel_one(&again, "dev-1", &token, &got, 5).await;
+    wait_refusals(&gw.stats, Refusal::Cancels, 2).await;
+
+    // Another identity has its own budget.
+    let other = agent_channel(
+        gw.addr,
+        &pki.pki,
+        Some((&pki.pki.cert("agent-a2"), &pki.pki.key("agent-a2"))),
+    )
+    .await
+    .unwrap();
+    let token = token_for(&other, "dev-2").await;
+    cancel_one(&other, "dev-2", &token, &got, 6).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(gw.stats.metrics().refusals(Refusal::Cancels), 2);
 }

@@ -79,11 +79,14 @@ pub enum Refusal {
     /// The gateway's buffers were over `listener.maxBufferedBytes` and the
     /// connection held among the most: GOAWAY `ENHANCE_YOUR_CALM`.
     MemoryBudget,
+    /// The identity cancelled more carried streams before their answer
+    /// than `listener.cancelsPerSecond` allows: GOAWAY `ENHANCE_YOUR_CALM`.
+    Cancels,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 24] = [
+    pub const ALL: [Refusal; 25] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::HandshakeSourceRate,
@@ -108,6 +111,7 @@ impl Refusal {
         Self::WindowOverflow,
         Self::Glitches,
         Self::MemoryBudget,
+        Self::Cancels,
     ];
 
     /// The label value.
@@ -136,6 +140,7 @@ impl Refusal {
             Self::HeaderListTooLarge => "header_list_too_large",
             Self::WindowOverflow => "window_overflow",
             Self::Glitches => "glitches",
+            Self::Cancels => "cancels",
             Self::MemoryBudget => "memory_budget",
         }
     }

@@ -214,6 +214,14 @@ pub trait Role: Send + 'static {
         true
     }
 
+    /// Server side: a stream carried to a sidecar ends by the peer's doing
+    /// (its reset, or a stream error its frames caused) before the sidecar
+    /// answered, so the sidecar gets a reset for a stream it may not have
+    /// taken yet. `false` ends the connection ([`Offence::Cancels`]).
+    fn cancelled_unanswered(&mut self) -> bool {
+        true
+    }
+
     /// Server side: a stream the peer opened was answered `REFUSED_STREAM`
     /// without being processed, for the refusal count.
     fn refused(&mut self, _why: StreamRefused) {}
@@ -326,6 +334,9 @@ pub enum Offence {
     /// The gateway's buffers were over `listener.maxBufferedBytes` and this
     /// connection held among the most ([`super::budget`]).
     MemoryBudget,
+    /// The peer's identity cancelled more carried streams before their
+    /// answer than its budget allows ([`Role::cancelled_unanswered`]).
+    Cancels,
 }
 
 impl Offence {
@@ -334,7 +345,7 @@ impl Offence {
     /// where RFC 9113 names it.
     pub fn reason(self) -> Reason {
         match self {
-            Self::HeaderListTooLarge | Self::Glitches | Self::MemoryBudget => {
+            Self::HeaderListTooLarge | Self::Glitches | Self::MemoryBudget | Self::Cancels => {
                 Reason::ENHANCE_YOUR_CALM
             }
             Self::WindowOverflow => Reason::FLOW_CONTROL_ERROR,
@@ -348,6 +359,7 @@ impl Offence {
             Self::WindowOverflow => "flow-control window past 2^31-1",
             Self::Glitches => "too many frames or streams that did no work",
             Self::MemoryBudget => "holding too much of the gateway's buffer budget",
+            Self::Cancels => "too many streams cancelled before their answer",
         }
     }
 }
@@ -804,6 +816,7 @@ where
     /// Resets stream `id` with `reason` and tells its other half.
     fn stream_error(&mut self, id: u32, reason: Reason) {
         self.glitch(Glitch::StreamError);
+        self.charge_cancel(id);
         self.send_reset(id, reason);
         if self.streams.contains_key(&id) {
             let failure = self.role.failure();
@@ -976,11 +989,27 @@ where
         if self.is_idle(id) {
             return self.error(Reason::PROTOCOL_ERROR, "RST_STREAM on an idle stream");
         }
+        self.charge_cancel(id);
         self.link.lock().forget(id);
         if self.streams.contains_key(&id) {
             let failure = self.role.failure();
             self.remove(id, Some(failure));
             self.glitch(Glitch::PeerReset);
+        }
+    }
+
+    /// Server side: charges the role for carried stream `id` ending by the
+    /// peer's doing before its answer ([`Role::cancelled_unanswered`]).
+    fn charge_cancel(&mut self, id: u32) {
+        if R::SIDE != Side::Server {
+            return;
+        }
+        let carried = self
+            .streams
+            .get(&id)
+            .is_some_and(|s| matches!(&s.target, Target::Route(r) if r.sink.is_connection()));
+        if carried && !self.link.lock().answered(id) && !self.role.cancelled_unanswered() {
+            self.offence(Offence::Cancels);
         }
     }
 

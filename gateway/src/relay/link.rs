@@ -53,6 +53,11 @@ pub trait Sink: Send + Sync + 'static {
     /// `n` bytes this side forwarded from stream `id` have left the other
     /// side: the window they held may be granted again.
     fn credit(&self, id: u32, n: usize);
+    /// Whether the other side is another connection (a sidecar's, for an
+    /// agent's stream), not a bridge into this process.
+    fn is_connection(&self) -> bool {
+        false
+    }
 }
 
 /// Where a stream's frames go, on another connection (or a bridge).
@@ -376,6 +381,10 @@ impl Sink for Link {
     fn credit(&self, id: u32, n: usize) {
         self.with(|out| out.credits.push((id, n)));
     }
+
+    fn is_connection(&self) -> bool {
+        true
+    }
 }
 
 impl Out {
@@ -404,6 +413,12 @@ impl Out {
     /// buffer whose capacity is reused) in their place.
     pub fn take_buf(&mut self, spare: BytesMut) -> BytesMut {
         std::mem::replace(&mut self.buf, spare)
+    }
+
+    /// Whether a header block has gone out on stream `id` (on the server
+    /// side: the stream has its answer).
+    pub fn answered(&self, id: u32) -> bool {
+        self.streams.get(&id).is_some_and(|s| s.headers_sent)
     }
 
     /// Forgets stream `id`'s sending half without a word to the peer (it

@@ -430,6 +430,21 @@ impl Role for AgentRole {
         self.glitches.try_take(std::time::Instant::now())
     }
 
+    fn cancelled_unanswered(&mut self) -> bool {
+        // Per identity, across its connections: reconnecting buys no more.
+        // A connection without one (insecure listener, JWT bootstrap) is
+        // keyed by its address.
+        let key = self
+            .peer
+            .identity
+            .clone()
+            .unwrap_or_else(|| Arc::from(self.peer.remote.ip().to_string()));
+        self.shared
+            .limits
+            .cancels
+            .try_take(&key, std::time::Instant::now())
+    }
+
     fn refused(&mut self, why: StreamRefused) {
         self.shared.stats.refuse(match why {
             StreamRefused::Limit => Refusal::ConnectionStreams,
@@ -579,6 +594,7 @@ pub async fn serve<IO>(
                 ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
                 ConnError::Offence(Offence::Glitches) => Refusal::Glitches,
                 ConnError::Offence(Offence::MemoryBudget) => Refusal::MemoryBudget,
+                ConnError::Offence(Offence::Cancels) => Refusal::Cancels,
                 _ => Refusal::PrefaceTimeout,
             });
             tracing::info!(%remote, error = %e, "agent connection ended");

@@ -57,6 +57,9 @@ pub struct Shared {
 pub struct TunnelLimits {
     /// `Hello` calls per identity (`listener.helloPerSecond`, `helloBurst`).
     pub hello: KeyedBuckets<Arc<str>>,
+    /// Carried streams an identity may cancel before their answer
+    /// (`listener.cancelsPerSecond`, `cancelBurst`).
+    pub cancels: KeyedBuckets<Arc<str>>,
     /// Largest `Hello` request decoded (`listener.maxHelloBytes`).
     pub max_hello_bytes: usize,
     /// Largest message an agent may send on a carried stream
@@ -76,6 +79,7 @@ impl TunnelLimits {
     pub fn from_config(listener: &ListenerConfig) -> Self {
         Self {
             hello: KeyedBuckets::new(listener.hello_per_second, listener.hello_burst),
+            cancels: KeyedBuckets::new(listener.cancels_per_second, listener.cancel_burst),
             max_hello_bytes: listener.max_hello_bytes,
             max_message_bytes: u32::try_from(listener.max_message_bytes).unwrap_or(u32::MAX),
             buffers: crate::relay::budget::Budget::new(listener.max_buffered_bytes),

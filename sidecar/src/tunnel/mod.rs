@@ -441,6 +441,16 @@ async fn accept_loop(
     }
 }
 
+/// Streams the gateway may have reset before this sidecar took them up, at
+/// once, before the HTTP/2 server ends the connection with
+/// ENHANCE_YOUR_CALM. The server's default (20) is sized for a client; the
+/// gateway multiplexes every agent's streams onto a few connections, and an
+/// agent cancelling requests before they are answered shows up here as such
+/// resets. The gateway bounds them per identity (`listener.cancelsPerSecond`,
+/// `cancelBurst`); this lets a burst within those bounds from several agents
+/// pass without taking down a connection every account shares.
+pub const MAX_PENDING_ACCEPT_RESETS: usize = 1024;
+
 /// Receive window of each tunnel stream (one account's `Cache`, `Relay`).
 pub const TUNNEL_STREAM_WINDOW: u32 = 1 << 20;
 /// Receive window of each gateway connection, shared by the streams it
@@ -466,6 +476,7 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .initial_stream_window_size(TUNNEL_STREAM_WINDOW)
         .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         // Before any handler: a peer that is not a gateway gets nowhere.
         .add_service(tonic::service::interceptor::InterceptedService::new(
             TunnelServer::new(service).max_decoding_message_size(spinlink_proto::MAX_MESSAGE_BYTES),
