@@ -10,8 +10,11 @@
 #
 #   bench/grpc-proxy.sh                 # defaults: 5 runs of 4 s per measure
 #   bench/grpc-proxy.sh --runs 3 --seconds 3 --idle-conns 2000
+#   bench/grpc-proxy.sh hostile         # issue 19: the same fronts under floods
+#   bench/grpc-proxy.sh hostile --seconds 5 --floods hpack-bomb,rapid-reset
 #
-# Extra arguments go to `spinlink-bench grpc-proxy run` (see --help).
+# Extra arguments go to `spinlink-bench grpc-proxy run` (see --help), or,
+# after `hostile`, to `spinlink-bench hostile`.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,5 +43,10 @@ cargo build --release -p spinlink -p spinlink-bench
 # 2,000 idle connections: the bench raises its soft limit to the hard one.
 ulimit -n "$(ulimit -Hn)" || true
 
+if [ "${1:-}" = hostile ]; then
+    shift
+    exec target/release/spinlink-bench hostile \
+        --nginx "$NGINX" --haproxy "$HAPROXY" --envoy "$ENVOY" "$@"
+fi
 exec target/release/spinlink-bench grpc-proxy run \
     --nginx "$NGINX" --haproxy "$HAPROXY" --envoy "$ENVOY" "$@"

@@ -117,6 +117,8 @@ where
     let _ = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS)
+        // As the sidecar it stands in for sets it.
+        .max_pending_accept_reset_streams(spinlink_sidecar::tunnel::MAX_PENDING_ACCEPT_RESETS)
         .serve_connection(TokioIo::new(io), service)
         .await;
 }

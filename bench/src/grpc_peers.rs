@@ -42,6 +42,8 @@ pub fn wait_port(addr: SocketAddr, what: &str, log: &Path) -> anyhow::Result<()>
 /// workers, which a SIGKILL would orphan), and SIGKILL 5 s later.
 pub struct PeerProc {
     child: Child,
+    /// Stop it with SIGKILL at once rather than SIGTERM first.
+    sigkill: bool,
 }
 
 impl PeerProc {
@@ -55,7 +57,10 @@ impl PeerProc {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
-        Ok(Self { child })
+        Ok(Self {
+            child,
+            sigkill: false,
+        })
     }
 
     /// The process id.
@@ -66,6 +71,11 @@ impl PeerProc {
 
 impl Drop for PeerProc {
     fn drop(&mut self) {
+        if self.sigkill {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            return;
+        }
         let pid = i32::try_from(self.child.id())
             .ok()
             .and_then(rustix::process::Pid::from_raw);
@@ -227,8 +237,33 @@ pub fn envoy_yaml(pki: &DevPki, listen: SocketAddr, echo: SocketAddr) -> String 
     y
 }
 
-/// The gateway, agent path: the echo backend is its one sidecar (h2c).
-pub fn gateway_yaml(pki: &DevPki, listen: SocketAddr, echo: SocketAddr) -> String {
+/// The gateway, agent path: the echo backend is its one sidecar (h2c). Its
+/// policy grants each agent of the benches — the load
+/// ([`crate::grpc_wire::AGENT_ID`]), the newcomers and the hostile bench's
+/// attacker — the account named as its agent id. With `lifted`, the
+/// handshake and `Hello` rate limits are lifted (for throughput, where their
+/// defaults would be what is measured); without, the gateway runs with its
+/// defaults, as it ships.
+pub fn gateway_yaml(pki: &DevPki, listen: SocketAddr, echo: SocketAddr, lifted: bool) -> String {
+    let limits = if lifted {
+        "listener:\n  maxConnections: 40000\n  handshakesPerSecond: 1000000\n  handshakeBurst: 1000000\n  helloPerSecond: 1000000\n  helloBurst: 1000000\n"
+    } else {
+        ""
+    };
+    let mut policy = String::new();
+    let agents = [
+        crate::grpc_wire::AGENT_ID.to_owned(),
+        crate::grpc_wire::ATTACKER_ID.to_owned(),
+    ]
+    .into_iter()
+    .chain((0..crate::grpc_wire::NEWCOMERS).map(crate::grpc_wire::newcomer));
+    for id in agents {
+        let _ = write!(
+            policy,
+            "  - identities: [\"{}\"]\n    accounts: [\"{id}\"]\n",
+            spinlink_tls::dev::dev_agent_identity(&id)
+        );
+    }
     format!(
         r#"gatewayId: bench
 listen: "{listen}"
@@ -238,23 +273,178 @@ tls:
   clientCaFile: "{ca}"
   reloadIntervalSeconds: 0
 policy:
-  - identities: ["{identity}"]
-    accounts: ["{account}"]
-upstreams:
+{policy}upstreams:
   - url: "http://{echo}"
-listener:
-  maxConnections: 40000
-  handshakesPerSecond: 1000000
-  handshakeBurst: 1000000
-  helloPerSecond: 1000000
-  helloBurst: 1000000
-"#,
+{limits}"#,
         cert = pki.cert(SERVER_CERT).display(),
         key = pki.key(SERVER_CERT).display(),
         ca = pki.ca_cert().display(),
-        identity = spinlink_tls::dev::dev_agent_identity(crate::grpc_wire::AGENT_ID),
-        account = crate::grpc_wire::ACCOUNT,
     )
+}
+
+/// The peers' binaries, as the benches take them on the command line; a
+/// peer without one is skipped.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Peers {
+    /// nginx binary (skipped when absent).
+    #[arg(long)]
+    pub nginx: Option<PathBuf>,
+    /// HAProxy binary (skipped when absent).
+    #[arg(long)]
+    pub haproxy: Option<PathBuf>,
+    /// Envoy binary (skipped when absent).
+    #[arg(long)]
+    pub envoy: Option<PathBuf>,
+}
+
+impl Peers {
+    /// Every front to run, the gateway (`spinlink`) first.
+    pub fn fronts(&self, spinlink: &Path) -> Vec<(Kind, PathBuf)> {
+        [
+            (Kind::Gateway, Some(spinlink.to_owned())),
+            (Kind::Nginx, self.nginx.clone()),
+            (Kind::Haproxy, self.haproxy.clone()),
+            (Kind::Envoy, self.envoy.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(k, b)| b.map(|b| (k, b)))
+        .collect()
+    }
+}
+
+/// The fronts measured against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `spinlink gateway`, its agent path.
+    Gateway,
+    /// nginx, `grpc_pass`.
+    Nginx,
+    /// HAProxy, an `h2` server line.
+    Haproxy,
+    /// Envoy, an HTTP/2 cluster.
+    Envoy,
+}
+
+impl Kind {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Gateway => "gateway",
+            Kind::Nginx => "nginx",
+            Kind::Haproxy => "haproxy",
+            Kind::Envoy => "envoy",
+        }
+    }
+}
+
+/// One front running on loopback in front of the echo backend.
+pub struct Front {
+    /// Which one.
+    pub kind: Kind,
+    /// Where it listens (TLS 1.3, client certificate required).
+    pub addr: SocketAddr,
+    /// What its binary says its version is.
+    pub version: String,
+    proc: PeerProc,
+}
+
+impl Front {
+    /// Starts `kind` from `bin` in front of `echo` (h2c), its configuration
+    /// and log in `dir`; the gateway gets `gateway` (its listen address in,
+    /// its YAML out). Returns once it accepts connections.
+    pub fn start(
+        kind: Kind,
+        bin: &Path,
+        pki: &DevPki,
+        dir: &Path,
+        echo: SocketAddr,
+        gateway: &dyn Fn(SocketAddr) -> String,
+    ) -> anyhow::Result<Front> {
+        let listen = free_port()?;
+        let name = kind.name();
+        let cfg = dir.join(match kind {
+            Kind::Gateway => "gateway.yaml",
+            Kind::Nginx => "nginx.conf",
+            Kind::Haproxy => "haproxy.cfg",
+            Kind::Envoy => "envoy.yaml",
+        });
+        let log = dir.join(format!("{name}.log"));
+        let (text, args, version_args): (String, Vec<String>, &[&str]) = match kind {
+            Kind::Gateway => (
+                gateway(listen),
+                vec!["gateway".into(), "--config".into(), path(&cfg)?],
+                &["--version"],
+            ),
+            Kind::Nginx => (
+                nginx_conf(pki, dir, listen, echo),
+                vec![
+                    "-p".into(),
+                    path(dir)?,
+                    "-c".into(),
+                    path(&cfg)?,
+                    "-e".into(),
+                    path(&log)?,
+                ],
+                &["-v"],
+            ),
+            Kind::Haproxy => (
+                haproxy_cfg(&haproxy_pem(pki, dir)?, pki, listen, echo),
+                vec!["-db".into(), "-f".into(), path(&cfg)?],
+                &["-v"],
+            ),
+            Kind::Envoy => (
+                envoy_yaml(pki, listen, echo),
+                vec![
+                    "-c".into(),
+                    path(&cfg)?,
+                    "--concurrency".into(),
+                    "2".into(),
+                    "--log-level".into(),
+                    "warn".into(),
+                    "--disable-hot-restart".into(),
+                ],
+                &["--version"],
+            ),
+        };
+        std::fs::write(&cfg, text)?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut proc = PeerProc::start(bin, &args, &log)?;
+        // The gateway's drain on SIGTERM would only slow the bench down.
+        proc.sigkill = kind == Kind::Gateway;
+        wait_port(listen, name, &log)?;
+        Ok(Front {
+            kind,
+            addr: listen,
+            version: version(bin, version_args),
+            proc,
+        })
+    }
+
+    /// Its process id (the master's, for nginx).
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+}
+
+fn path(p: &Path) -> anyhow::Result<String> {
+    p.to_str().map(str::to_owned).context("non-UTF-8 path")
+}
+
+/// The first line `bin args` prints, on stdout or stderr.
+pub fn version(bin: &Path, args: &[&str]) -> String {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .map(|o| {
+            let mut t = String::from_utf8_lossy(&o.stdout).into_owned();
+            t.push_str(&String::from_utf8_lossy(&o.stderr));
+            t.lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
 }
 
 /// Writes HAProxy's certificate-and-key file.

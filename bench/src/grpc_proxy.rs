@@ -26,7 +26,7 @@ use spinlink_proto::paths;
 use spinlink_tls::dev::DevPki;
 
 use crate::chain::Proc;
-use crate::grpc_peers::{self as peers, PeerProc};
+use crate::grpc_peers::{self as peers, Front, Kind, Peers};
 use crate::grpc_wire::{Conn, Dialer, frame};
 use crate::report::Report;
 use crate::stats;
@@ -36,12 +36,8 @@ use crate::stats;
 pub struct Options {
     /// The `spinlink` binary (the gateway).
     pub spinlink: PathBuf,
-    /// nginx, HAProxy and Envoy binaries; a peer without one is skipped.
-    pub nginx: Option<PathBuf>,
-    /// HAProxy binary.
-    pub haproxy: Option<PathBuf>,
-    /// Envoy binary.
-    pub envoy: Option<PathBuf>,
+    /// nginx, HAProxy and Envoy binaries.
+    pub peers: Peers,
     /// Scratch directory: PKI, configurations, logs.
     pub dir: PathBuf,
     /// Rounds of every throughput/latency measure.
@@ -106,7 +102,6 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         .wait_line("listening: echo-tls ", peers::START_WAIT)?
         .parse()?;
 
-    let mut procs: Vec<PeerProc> = Vec::new();
     let mut targets = vec![Target {
         name: "direct",
         dialer: Dialer::new(&pki, echo_tls, false)?,
@@ -136,86 +131,20 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         dialer: Dialer::new(&pki, passthrough_addr, false)?,
         pid: Some(passthrough.pid()),
     });
-    let gateway_proc = {
-        let listen = peers::free_port()?;
-        let cfg = dir.join("gateway.yaml");
-        std::fs::write(&cfg, peers::gateway_yaml(&pki, listen, echo_h2c))?;
-        let p = Proc::start(
-            &opts.spinlink,
-            "gateway",
-            dir,
-            &["gateway", "--config", cfg.to_str().context("path")?],
-        )?;
-        peers::wait_port(listen, "gateway", &dir.join("gateway.log"))?;
-        targets.push(Target {
-            name: "gateway",
-            dialer: Dialer::new(&pki, listen, true)?,
-            pid: Some(p.pid()),
-        });
-        p
-    };
+    let mut fronts = Vec::new();
     let mut versions = Vec::new();
-    if let Some(nginx) = &opts.nginx {
-        let listen = peers::free_port()?;
-        let cfg = dir.join("nginx.conf");
-        std::fs::write(&cfg, peers::nginx_conf(&pki, dir, listen, echo_h2c))?;
-        let log = dir.join("nginx.log");
-        let p = PeerProc::start(
-            nginx,
-            &["-p", path(dir)?, "-c", path(&cfg)?, "-e", path(&log)?],
-            &log,
-        )?;
-        peers::wait_port(listen, "nginx", &log)?;
-        versions.push(version(nginx, &["-v"]));
+    let gateway = |listen| peers::gateway_yaml(&pki, listen, echo_h2c, true);
+    for (kind, bin) in opts.peers.fronts(&opts.spinlink) {
+        let front = Front::start(kind, &bin, &pki, dir, echo_h2c, &gateway)?;
+        if kind != Kind::Gateway {
+            versions.push(front.version.clone());
+        }
         targets.push(Target {
-            name: "nginx",
-            dialer: Dialer::new(&pki, listen, false)?,
-            pid: Some(p.pid()),
+            name: kind.name(),
+            dialer: Dialer::new(&pki, front.addr, kind == Kind::Gateway)?,
+            pid: Some(front.pid()),
         });
-        procs.push(p);
-    }
-    if let Some(haproxy) = &opts.haproxy {
-        let listen = peers::free_port()?;
-        let pem = peers::haproxy_pem(&pki, dir)?;
-        let cfg = dir.join("haproxy.cfg");
-        std::fs::write(&cfg, peers::haproxy_cfg(&pem, &pki, listen, echo_h2c))?;
-        let log = dir.join("haproxy.log");
-        let p = PeerProc::start(haproxy, &["-db", "-f", path(&cfg)?], &log)?;
-        peers::wait_port(listen, "haproxy", &log)?;
-        versions.push(version(haproxy, &["-v"]));
-        targets.push(Target {
-            name: "haproxy",
-            dialer: Dialer::new(&pki, listen, false)?,
-            pid: Some(p.pid()),
-        });
-        procs.push(p);
-    }
-    if let Some(envoy) = &opts.envoy {
-        let listen = peers::free_port()?;
-        let cfg = dir.join("envoy.yaml");
-        std::fs::write(&cfg, peers::envoy_yaml(&pki, listen, echo_h2c))?;
-        let log = dir.join("envoy.log");
-        let p = PeerProc::start(
-            envoy,
-            &[
-                "-c",
-                path(&cfg)?,
-                "--concurrency",
-                "2",
-                "--log-level",
-                "warn",
-                "--disable-hot-restart",
-            ],
-            &log,
-        )?;
-        peers::wait_port(listen, "envoy", &log)?;
-        versions.push(version(envoy, &["--version"]));
-        targets.push(Target {
-            name: "envoy",
-            dialer: Dialer::new(&pki, listen, false)?,
-            pid: Some(p.pid()),
-        });
-        procs.push(p);
+        fronts.push(front);
     }
 
     // The load generator: its own runtime on both cores, as the proxies have.
@@ -417,8 +346,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             m.upstream
         ));
     }
-    drop(procs);
-    drop(gateway_proc);
+    drop(fronts);
     drop(passthrough);
     drop(echo);
     Ok(())
@@ -458,22 +386,6 @@ fn median(v: &[f64]) -> f64 {
 
 fn path(p: &std::path::Path) -> anyhow::Result<&str> {
     p.to_str().context("non-UTF-8 path")
-}
-
-fn version(bin: &std::path::Path, args: &[&str]) -> String {
-    std::process::Command::new(bin)
-        .args(args)
-        .output()
-        .map(|o| {
-            let mut t = String::from_utf8_lossy(&o.stdout).into_owned();
-            t.push_str(&String::from_utf8_lossy(&o.stderr));
-            t.lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .to_owned()
-        })
-        .unwrap_or_default()
 }
 
 /// Lifts the soft open-files limit to the hard one (2,000 connections hold
@@ -747,15 +659,8 @@ pub enum Command {
 /// Flags of `grpc-proxy run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// nginx binary (skipped when absent).
-    #[arg(long)]
-    nginx: Option<PathBuf>,
-    /// HAProxy binary (skipped when absent).
-    #[arg(long)]
-    haproxy: Option<PathBuf>,
-    /// Envoy binary (skipped when absent).
-    #[arg(long)]
-    envoy: Option<PathBuf>,
+    #[command(flatten)]
+    peers: Peers,
     /// Rounds of each measure.
     #[arg(long, default_value_t = 5)]
     runs: usize,
@@ -801,9 +706,7 @@ pub fn command(
         Command::Run(a) => run(
             &Options {
                 spinlink,
-                nginx: a.nginx,
-                haproxy: a.haproxy,
-                envoy: a.envoy,
+                peers: a.peers,
                 dir,
                 runs: a.runs.max(1),
                 seconds: a.seconds,

@@ -33,20 +33,41 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 
-/// The account every load stream claims.
-pub const ACCOUNT: &str = "bench";
+/// The account every load stream claims (every agent of the benches serves
+/// the account named as its agent id).
+pub const ACCOUNT: &str = AGENT_ID;
 /// The agent id (and dev PKI client certificate `agent-<id>`) of the load.
 pub const AGENT_ID: &str = "bench";
+/// Agents that connect now and then, each with a certificate of its own
+/// (`agent-bench-<n>`) and an account of its own (`bench-<n>`): the hostile
+/// bench's legitimate newcomers take turns, so each says `Hello` as seldom
+/// as a real agent does.
+pub const NEWCOMERS: usize = 16;
 
-/// TLS 1.3 only, on the project's one crypto provider.
-fn tls13_client(pki: &DevPki) -> anyhow::Result<rustls::ClientConfig> {
-    let name = format!("agent-{AGENT_ID}");
-    let certs = spinlink_tls::pem::load_certs(&pki.cert(&name))?;
-    let key = spinlink_tls::pem::load_key(&pki.key(&name))?;
-    let mut config = rustls::ClientConfig::builder_with_provider(spinlink_tls::config::provider())
+/// The agent id of newcomer `n`.
+pub fn newcomer(n: usize) -> String {
+    format!("{AGENT_ID}-{n}")
+}
+/// The hostile bench's attacker: its agent id (certificate
+/// `agent-hostile`), which the gateway's policy grants an account of its
+/// own, so its floods reach the gateway's carrying path as a tenant's would.
+pub const ATTACKER_ID: &str = "hostile";
+
+/// TLS 1.3 only, on the project's one crypto provider, presenting agent
+/// `id`'s dev certificate (none when `id` is `None`).
+pub fn tls13_client(pki: &DevPki, id: Option<&str>) -> anyhow::Result<rustls::ClientConfig> {
+    let builder = rustls::ClientConfig::builder_with_provider(spinlink_tls::config::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(spinlink_tls::config::root_store(&pki.ca_cert())?)
-        .with_client_auth_cert(certs, key)?;
+        .with_root_certificates(spinlink_tls::config::root_store(&pki.ca_cert())?);
+    let mut config = match id {
+        Some(id) => {
+            let name = format!("agent-{id}");
+            let certs = spinlink_tls::pem::load_certs(&pki.cert(&name))?;
+            let key = spinlink_tls::pem::load_key(&pki.key(&name))?;
+            builder.with_client_auth_cert(certs, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![b"h2".to_vec()];
     // Every connection pays a full handshake, as a fleet of new agents would.
     config.resumption = rustls::client::Resumption::disabled();
@@ -81,13 +102,26 @@ pub struct Dialer {
     addr: SocketAddr,
     /// Whether the target is the gateway, which wants a `Hello` first.
     hello: bool,
+    /// The agent id its `Hello` names, and the account it serves.
+    agent_id: String,
 }
 
 impl Dialer {
     /// A dialer of `addr`, presenting the dev PKI's `agent-bench` certificate.
     pub fn new(pki: &DevPki, addr: SocketAddr, hello: bool) -> anyhow::Result<Self> {
+        Self::for_agent(pki, addr, hello, AGENT_ID)
+    }
+
+    /// A dialer of `addr` as agent `id` (certificate `agent-<id>`).
+    pub fn for_agent(
+        pki: &DevPki,
+        addr: SocketAddr,
+        hello: bool,
+        id: &str,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
-            connector: TlsConnector::from(Arc::new(tls13_client(pki)?)),
+            agent_id: id.to_owned(),
+            connector: TlsConnector::from(Arc::new(tls13_client(pki, Some(id))?)),
             name: ServerName::try_from("localhost")?.to_owned(),
             addr,
             hello,
@@ -143,11 +177,11 @@ impl Dialer {
         let mut conn = Conn {
             send,
             base: format!("https://{}", self.addr),
-            account: HeaderValue::from_static(ACCOUNT),
+            account: HeaderValue::from_str(&self.agent_id)?,
             token: HeaderValue::from_static("none"),
         };
         if self.hello {
-            conn.hello().await?;
+            conn.hello(&self.agent_id).await?;
         }
         Ok(conn)
     }
@@ -174,13 +208,13 @@ impl Conn {
             .body(body)?)
     }
 
-    async fn hello(&mut self) -> anyhow::Result<()> {
+    async fn hello(&mut self, agent_id: &str) -> anyhow::Result<()> {
         use spinlink_proto::v1::{AccountInfo, HelloRequest, HelloResponse};
         let req = HelloRequest {
-            agent_id: AGENT_ID.into(),
+            agent_id: agent_id.into(),
             agent_version: "spinlink-bench".into(),
             accounts: vec![AccountInfo {
-                name: ACCOUNT.into(),
+                name: agent_id.into(),
                 ..Default::default()
             }],
         };
@@ -188,9 +222,9 @@ impl Conn {
             .unary(paths::HELLO, frame(&req.encode_to_vec()))
             .await?;
         let answer = HelloResponse::decode(answer)?;
-        let Some(grant) = answer.granted.into_iter().find(|g| g.account == ACCOUNT) else {
+        let Some(grant) = answer.granted.into_iter().find(|g| g.account == agent_id) else {
             bail!(
-                "Hello granted no token for account {ACCOUNT}: {:?}",
+                "Hello granted no token for account {agent_id}: {:?}",
                 answer.refused
             );
         };

@@ -27,6 +27,7 @@ pub mod grpc_echo;
 pub mod grpc_peers;
 pub mod grpc_proxy;
 pub mod grpc_wire;
+pub mod hostile;
 pub mod load;
 pub mod machine;
 pub mod report;

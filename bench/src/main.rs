@@ -76,6 +76,9 @@ enum Bench {
     /// Issue 4: the gateway against nginx, HAProxy and Envoy (gRPC, mTLS).
     #[command(subcommand)]
     GrpcProxy(spinlink_bench::grpc_proxy::Command),
+    /// Issue 19: the gateway, nginx, HAProxy and Envoy under the same
+    /// floods: peak memory, CPU, and a legitimate client's success.
+    Hostile(spinlink_bench::hostile::Args),
     /// Issue 3: the agent's RSS (own process) after sync and churn, at
     /// several object counts over ten kinds.
     AgentMemory {
@@ -221,6 +224,11 @@ fn main() -> anyhow::Result<()> {
             Bench::GrpcProxy(cmd) => {
                 let mut r = Report::new("Gateway vs peers (issue 4)", &command);
                 spinlink_bench::grpc_proxy::command(cmd, spinlink, dir.clone(), &mut r)?;
+                r
+            }
+            Bench::Hostile(args) => {
+                let mut r = Report::new("Gateway vs peers under floods (issue 19)", &command);
+                spinlink_bench::hostile::command(args, spinlink, dir.clone(), &mut r)?;
                 r
             }
             Bench::AgentMemory {

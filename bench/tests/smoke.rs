@@ -82,6 +82,30 @@ fn grpc_proxy_runs_tiny() {
 }
 
 #[test]
+fn hostile_runs_tiny() {
+    // No peers: the gateway alone, two floods of a second each. Its answer
+    // to a rapid reset is part of what the bench reports, so it is checked.
+    let out = bench(&[
+        "hostile",
+        "--seconds",
+        "1",
+        "--attackers",
+        "2",
+        "--floods",
+        "rapid-reset,idle-connections",
+    ]);
+    let row = |flood: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("| {flood} | gateway | ")))
+            .unwrap_or_else(|| panic!("no {flood} row for the gateway:\n{out}"))
+            .to_owned()
+    };
+    assert!(row("rapid-reset").contains("ENHANCE_YOUR_CALM"), "{out}");
+    assert!(row("idle-connections").contains(" / "), "{out}");
+    assert!(out.contains("- rapid-reset: gateway peak +"), "{out}");
+}
+
+#[test]
 fn agent_storm_runs_tiny() {
     // 20 simulated agents: every one online, a gateway SIGKILLed and
     // restarted and then drained, and every agent it carried back each time
