@@ -10,29 +10,13 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
 
-use spinlink_tls::dev::{DevPki, dev_agent_identity};
-use support::{Kubectl, Proc, http, send_json, wait_for, write_kubeconfig};
+use support::chain::dynamic_chain;
+use support::{Kubectl, http, send_json, wait_for};
 
 /// The bearer token of the posted kubeconfig (kube-sim accepts any): it
 /// must never be seen outside the request and the agent's memory.
 const TOKEN: &str = "e2e-dynamic-token-7f3b1c9e5a";
-
-fn yaml(dir: &Path, name: &str, text: String) -> String {
-    support::write_file(dir, name, &text)
-}
-
-fn account_ready(facade: SocketAddr, name: &str) -> Option<()> {
-    let (status, body) = http(facade, "GET", &format!("/v1/accounts/{name}"), &[]);
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let ready = status == 200
-        && v["online"] == true
-        && v["relay"] == true
-        && v["kindsTotal"].as_u64().unwrap_or(0) > 0
-        && v["kindsSynced"] == v["kindsTotal"];
-    ready.then_some(())
-}
 
 fn agent_accounts(admin: SocketAddr) -> serde_json::Value {
     let (status, body) = http(admin, "GET", "/accounts", &[]);
@@ -44,82 +28,11 @@ fn agent_accounts(admin: SocketAddr) -> serde_json::Value {
 fn posted_account_comes_online_without_restart_and_delete_takes_it_away() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
-    let p = |path: std::path::PathBuf| path.display().to_string();
-
     let (_sim, sim_kubeconfig) = support::kube_sim(dir);
     let direct = Kubectl::new(dir, "direct", &sim_kubeconfig);
-    // kube-sim's kubeconfig with our marker token.
-    let posted = std::fs::read_to_string(&sim_kubeconfig)
-        .unwrap()
-        .replace("\"kube-sim\"\n", &format!("\"{TOKEN}\"\n"));
-    assert!(
-        posted.contains(TOKEN),
-        "kube-sim's kubeconfig changed shape"
-    );
-
-    // 32 raw bytes (a fixed test key).
-    let key_path = dir.join("accounts.key");
-    std::fs::write(
-        &key_path,
-        (0u8..32).map(|b| b.wrapping_mul(37)).collect::<Vec<_>>(),
-    )
-    .unwrap();
-    let key_file = key_path.display().to_string();
-    let db = dir.join("sidecar.db");
-    let sidecar_cfg = yaml(
-        dir,
-        "sidecar.yaml",
-        format!(
-            "instanceId: e2e-sidecar\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
-             facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n\
-             accounts:\n  encryptionKeyFile: {key_file}\n",
-            db.display()
-        ),
-    );
-    let mut sidecar = Proc::start("sidecar", dir, &["sidecar", "--config", &sidecar_cfg]);
-    let tunnel = sidecar.listening("sidecar-tunnel");
-    let facade = sidecar.listening("sidecar-facade");
-
-    let gateway_cfg = yaml(
-        dir,
-        "gateway.yaml",
-        format!(
-            "gatewayId: e2e-gateway\nlisten: 127.0.0.1:0\ntls:\n  certFile: {}\n  keyFile: {}\n  clientCaFile: {}\n\
-             policy:\n- identities: [\"{}\"]\n  accounts: [static, \"dyn-*\"]\n\
-             upstreams:\n- url: http://{tunnel}\n",
-            p(pki.cert("gateway")),
-            p(pki.key("gateway")),
-            p(pki.ca_cert()),
-            dev_agent_identity("agent-1"),
-        ),
-    );
-    let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
-    let gateway_addr = gateway.listening("gateway");
-
-    let admin: SocketAddr = format!("127.0.0.1:{}", support::free_port())
-        .parse()
-        .unwrap();
-    let agent_cfg = yaml(
-        dir,
-        "agent.yaml",
-        format!(
-            "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
-             admin:\n  listen: {admin}\n\
-             kubernetes:\n  accounts:\n  - name: static\n    kubeconfigFile: {}\n\
-             dynamicAccounts:\n  enabled: true\n  zone: eu\n",
-            gateway_addr.port(),
-            p(pki.ca_cert()),
-            p(pki.cert("agent-agent-1")),
-            p(pki.key("agent-agent-1")),
-            sim_kubeconfig.display(),
-        ),
-    );
-    let mut agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
-    wait_for("account static to be ready", || {
-        account_ready(facade, "static")
-    });
-    let connections_before = agent.log().matches("Hello answered").count();
+    let (posted, mut chain, admin) = dynamic_chain(dir, &sim_kubeconfig, TOKEN, "");
+    let facade = chain.facade;
+    let connections_before = chain.agent.log().matches("Hello answered").count();
 
     // Another zone's account is not this agent's.
     let other_zone = serde_json::json!({"name": "dyn-us", "kubeconfig": posted, "zone": "us"});
@@ -131,30 +44,15 @@ fn posted_account_comes_online_without_restart_and_delete_takes_it_away() {
     assert_eq!(status, 201, "{body}");
     assert!(!body.contains(TOKEN), "{body}");
 
-    wait_for("account dyn-1 to come online", || {
-        account_ready(facade, "dyn-1")
-    });
-    assert!(agent.running(), "the agent restarted");
+    chain.wait_ready("dyn-1");
+    assert!(chain.agent.running(), "the agent restarted");
     assert_eq!(
-        agent.log().matches("Hello answered").count(),
+        chain.agent.log().matches("Hello answered").count(),
         connections_before,
         "the agent reconnected instead of adding the account on its connection"
     );
-    let facade_kubeconfig = dir.join("facade-dyn-1.kubeconfig");
-    write_kubeconfig(
-        &facade_kubeconfig,
-        &format!("http://{facade}/accounts/dyn-1"),
-    );
-    let via = Kubectl::new(dir, "facade", &facade_kubeconfig);
-    let names = |k: &Kubectl| {
-        let mut v: Vec<String> = k
-            .ok(&["get", "pods", "-A", "-o", "name"])
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        v.sort();
-        v
-    };
+    let via = chain.kubectl("dyn-1");
+    let names = |k: &Kubectl| k.sorted_lines(&["get", "pods", "-A", "-o", "name"]);
     let pods = names(&direct);
     assert!(!pods.is_empty(), "the simulated cluster has pods");
     assert_eq!(names(&via), pods);
@@ -190,9 +88,9 @@ fn posted_account_comes_online_without_restart_and_delete_takes_it_away() {
             .is_none()
             .then_some(())
     });
-    assert!(agent.running(), "the agent restarted");
+    assert!(chain.agent.running(), "the agent restarted");
     // The configured account never noticed.
-    assert!(account_ready(facade, "static").is_some());
+    chain.wait_ready("static");
 
     // Sealed at rest; never logged.
     // The database and its WAL and journal files.
@@ -208,9 +106,9 @@ fn posted_account_comes_online_without_restart_and_delete_takes_it_away() {
         }
     }
     for (name, log) in [
-        ("sidecar", sidecar.log()),
-        ("gateway", gateway.log()),
-        ("agent", agent.log()),
+        ("sidecar", chain.sidecar.log()),
+        ("gateway", chain.gateway.log()),
+        ("agent", chain.agent.log()),
     ] {
         assert!(!log.contains(TOKEN), "{name} logged the kubeconfig:\n{log}");
     }

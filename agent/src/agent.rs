@@ -94,13 +94,15 @@ impl Agent {
             }
             None => None,
         };
+        let state = Publisher::new();
+        state.configured(config.kubernetes.accounts.iter().map(|a| (a, false)));
         Ok(Agent {
             admin,
             total_budget: Arc::new(Semaphore::new(config.tasks.total_budget)),
             file_config: config.clone(),
             assigned: BTreeMap::new(),
             config,
-            state: Publisher::new(),
+            state,
             outboxes,
             account_budgets,
             cache_slots,
@@ -484,6 +486,14 @@ impl Agent {
                 .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())));
         }
         self.config = config;
+        let assigned = &self.assigned;
+        self.state.configured(
+            self.config
+                .kubernetes
+                .accounts
+                .iter()
+                .map(|a| (a, assigned.contains_key(&a.name))),
+        );
         for cluster in &fresh {
             // A changed cluster gets a new elector (the old one releases).
             if let Some((_, stop)) = self.leaders.remove(&cluster.account) {
@@ -499,7 +509,10 @@ impl Agent {
         }
         let mut handoff = BTreeMap::new();
         for cluster in &fresh {
-            link.session.set_info(cluster.account_info().await);
+            let info = cluster.account_info().await;
+            self.state
+                .kubernetes_version(&info.name, &info.kubernetes_version);
+            link.session.set_info(info);
             link.refused.retain(|r| r != &cluster.account);
             if let Some(h) = link.drains.remove(&cluster.account) {
                 h.superseded.cancel();
@@ -586,6 +599,10 @@ impl Agent {
         let client = connect(&self.config.gateway).await?;
         self.metrics.reconnects.inc();
         let infos = futures::future::join_all(clusters.iter().map(Cluster::account_info)).await;
+        for info in &infos {
+            self.state
+                .kubernetes_version(&info.name, &info.kubernetes_version);
+        }
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
         let answer = session.hello(&[]).await?;
         info!(gateway = %answer.gateway_id, granted = answer.granted.len(), refused = answer.refused.len(), "Hello answered");

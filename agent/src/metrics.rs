@@ -112,6 +112,9 @@ pub struct Metrics {
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
     pub active: crate::cache::active::WatchTable,
+    /// The relayed requests executing now (the admin port's `/operations`;
+    /// not exported as metrics).
+    pub operations: crate::relay::operations::OperationTable,
 }
 
 impl Default for Metrics {
@@ -239,6 +242,7 @@ impl Metrics {
             account_state,
             certificate_not_after,
             active: crate::cache::active::WatchTable::default(),
+            operations: crate::relay::operations::OperationTable::default(),
         }
     }
 

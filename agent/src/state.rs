@@ -11,6 +11,21 @@ pub struct AgentState {
     /// Per account, what the gateway answered and how far its streams are.
     /// Empty while disconnected.
     pub accounts: BTreeMap<String, AccountState>,
+    /// Every account the agent runs, connected or not: the configuration
+    /// file's and the assigned (dynamic) ones.
+    pub configured: BTreeMap<String, Configured>,
+}
+
+/// What the agent knows of one account it runs, whatever the connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Configured {
+    /// Assigned over `Assignments` (a dynamic account), not in the file.
+    pub dynamic: bool,
+    /// The namespaces it is limited to (all when empty).
+    pub namespaces: Vec<String>,
+    /// The cluster's version (`gitVersion`) as last read for `Hello`;
+    /// empty until read, or when the API server did not answer.
+    pub kubernetes_version: String,
 }
 
 /// The state of one account on the current connection.
@@ -73,5 +88,47 @@ impl Publisher {
     pub(crate) fn remove(&self, name: &str) {
         self.tx
             .send_if_modified(|s| s.accounts.remove(name).is_some());
+    }
+
+    /// The accounts the agent runs now, `dynamic` saying which were
+    /// assigned; versions already read are kept.
+    pub(crate) fn configured<'a>(
+        &self,
+        accounts: impl IntoIterator<Item = (&'a crate::AccountConfig, bool)>,
+    ) {
+        self.tx.send_if_modified(|s| {
+            let next: BTreeMap<String, Configured> = accounts
+                .into_iter()
+                .map(|(a, dynamic)| {
+                    let kubernetes_version = s
+                        .configured
+                        .get(&a.name)
+                        .map(|c| c.kubernetes_version.clone())
+                        .unwrap_or_default();
+                    let configured = Configured {
+                        dynamic,
+                        namespaces: a.namespaces.clone(),
+                        kubernetes_version,
+                    };
+                    (a.name.clone(), configured)
+                })
+                .collect();
+            let changed = s.configured != next;
+            s.configured = next;
+            changed
+        });
+    }
+
+    /// Records the cluster version of `name` read for `Hello` (an empty
+    /// one, when the API server did not answer, keeps the last known).
+    pub(crate) fn kubernetes_version(&self, name: &str, version: &str) {
+        self.tx
+            .send_if_modified(|s| match s.configured.get_mut(name) {
+                Some(c) if !version.is_empty() && c.kubernetes_version != version => {
+                    version.clone_into(&mut c.kubernetes_version);
+                    true
+                }
+                _ => false,
+            });
     }
 }

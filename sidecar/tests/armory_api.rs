@@ -229,6 +229,36 @@ async fn dynamic_accounts_are_created_served_updated_and_deleted() -> anyhow::Re
     assert_eq!(pods.status, 200);
     assert_eq!(pods.json()["items"][0]["metadata"]["name"], "web-1");
 
+    // The namespaces known for it: those its cache holds (the agent lists
+    // no `namespaces` kind here, so those its objects are in).
+    let ns = api
+        .call("GET", "/agents/kubernetes/accounts/dyn-1/namespaces", "")
+        .await?;
+    assert_eq!((ns.status, ns.json()), (200, json!(["demo"])));
+    // Not served yet: the namespaces its definition names (none: all).
+    let ns = api
+        .call("GET", "/agents/kubernetes/accounts/dyn-file/namespaces", "")
+        .await?;
+    assert_eq!((ns.status, ns.json()), (200, json!([])));
+    let ns = api
+        .call("GET", "/agents/kubernetes/accounts/nope/namespaces", "")
+        .await?;
+    assert_eq!(ns.status, 404);
+
+    // This sidecar, the one instance in its store.
+    let cds = api.call("GET", "/armory/clouddrivers", "").await?;
+    assert_eq!(cds.status, 200);
+    let cds = cds.json();
+    assert_eq!(cds.as_array().map(Vec::len), Some(1), "{cds}");
+    assert_eq!(cds[0]["ready"], true, "{cds}");
+    let id = cds[0]["id"].as_str().unwrap_or_default().to_owned();
+    let one = api
+        .call("GET", &format!("/armory/clouddrivers/{id}"), "")
+        .await?;
+    assert_eq!((one.status, one.json()), (200, cds[0].clone()));
+    let a = api.call("GET", "/armory/clouddrivers/nope", "").await?;
+    assert_eq!(a.status, 404);
+
     // The agent that serves it, and a disconnect that ends its stream.
     let agents = api.call("GET", "/armory/agents", "").await?;
     assert_eq!(agents.status, 200);

@@ -36,6 +36,16 @@ pub struct AgentFiles {
     pub key: PathBuf,
 }
 
+/// What a chain's sidecar and gateway get besides what every chain has.
+#[derive(Default)]
+pub struct Extra<'a> {
+    /// More top-level keys of the sidecar's configuration (YAML).
+    pub sidecar_yaml: &'a str,
+    /// Account globs the gateway grants the agent besides the accounts it
+    /// is started with (dynamic accounts, assigned later).
+    pub accounts: &'a [&'a str],
+}
+
 impl Chain {
     /// Starts a sidecar (SQLite store, plaintext tunnel), a gateway that
     /// lets the agent serve `accounts`, and the agent with them, all against
@@ -93,6 +103,18 @@ impl Chain {
         write_agent: impl FnOnce(&AgentFiles) -> String,
         agent: impl FnOnce(&str) -> Command,
     ) -> Chain {
+        Chain::start_with(dir, names, &Extra::default(), write_agent, agent)
+    }
+
+    /// As [`Chain::start_with_agent_command`], the sidecar and gateway
+    /// given `extra`.
+    pub fn start_with(
+        dir: &Path,
+        names: &[&str],
+        extra: &Extra<'_>,
+        write_agent: impl FnOnce(&AgentFiles) -> String,
+        agent: impl FnOnce(&str) -> Command,
+    ) -> Chain {
         let pki = DevPki::ensure(&dir.join("pki"), &["agent-1"]).unwrap();
         let p = |path: PathBuf| path.display().to_string();
         let sidecar_cfg = write_file(
@@ -100,8 +122,9 @@ impl Chain {
             "sidecar.yaml",
             &format!(
                 "instanceId: chain-sidecar\ntunnel:\n  listen: 127.0.0.1:0\n  insecure: true\n\
-                 facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n",
-                dir.join("sidecar.db").display()
+                 facade:\n  listen: 127.0.0.1:0\nstore:\n  url: sqlite://{}\n{}",
+                dir.join("sidecar.db").display(),
+                extra.sidecar_yaml,
             ),
         );
         let mut sidecar = Proc::start("sidecar", dir, &["sidecar", "--config", &sidecar_cfg]);
@@ -119,7 +142,12 @@ impl Chain {
                 p(pki.key("gateway")),
                 p(pki.ca_cert()),
                 dev_agent_identity("agent-1"),
-                names.join(", "),
+                names
+                    .iter()
+                    .chain(extra.accounts)
+                    .map(|n| format!("\"{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ),
         );
         let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
@@ -179,4 +207,68 @@ impl Chain {
             &[],
         )
     }
+}
+
+/// kube-sim's kubeconfig with `token` for its user, and the running chain:
+/// a sidecar with an encryption key (plus `sidecar_yaml`), a gateway that
+/// grants `static`, `dyn-*` and `mig-*`, and an infrastructure-mode agent
+/// with the configured account `static`, `dynamicAccounts` on in zone
+/// `eu` and its admin port at the address returned. Once `static` is ready.
+pub fn dynamic_chain(
+    dir: &Path,
+    sim_kubeconfig: &Path,
+    token: &str,
+    sidecar_yaml: &str,
+) -> (String, Chain, SocketAddr) {
+    let posted = std::fs::read_to_string(sim_kubeconfig)
+        .unwrap()
+        .replace("\"kube-sim\"\n", &format!("\"{token}\"\n"));
+    assert!(
+        posted.contains(token),
+        "kube-sim's kubeconfig changed shape"
+    );
+    // 32 raw bytes (a fixed test key).
+    let key_path = dir.join("accounts.key");
+    std::fs::write(
+        &key_path,
+        (0u8..32).map(|b| b.wrapping_mul(37)).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let sidecar_yaml = format!(
+        "accounts:\n  encryptionKeyFile: {}\n{sidecar_yaml}",
+        key_path.display()
+    );
+    let admin: SocketAddr = format!("127.0.0.1:{}", super::free_port()).parse().unwrap();
+    let extra = Extra {
+        sidecar_yaml: &sidecar_yaml,
+        accounts: &["dyn-*", "mig-*"],
+    };
+    let chain = Chain::start_with(
+        dir,
+        &["static"],
+        &extra,
+        |files| {
+            write_file(
+                dir,
+                "agent.yaml",
+                &format!(
+                    "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
+                     admin:\n  listen: {admin}\n\
+                     kubernetes:\n  accounts:\n  - name: static\n    kubeconfigFile: {}\n\
+                     dynamicAccounts:\n  enabled: true\n  zone: eu\n",
+                    files.gateway_port,
+                    files.ca.display(),
+                    files.cert.display(),
+                    files.key.display(),
+                    sim_kubeconfig.display(),
+                ),
+            )
+        },
+        |config| {
+            let mut command = Command::new(SPINLINK);
+            command.args(["agent", "--config", config]);
+            command
+        },
+    );
+    (posted, chain, admin)
 }

@@ -388,6 +388,14 @@ impl Kubectl {
         out
     }
 
+    /// The lines kubectl prints for `args` (like `get pods -A -o name`),
+    /// sorted; panics when it fails.
+    pub fn sorted_lines(&self, args: &[&str]) -> Vec<String> {
+        let mut lines: Vec<String> = self.ok(args).lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    }
+
     /// Runs kubectl and returns stdout, panicking with stderr on failure.
     pub fn ok(&self, args: &[&str]) -> String {
         self.ok_with_input(args, None)

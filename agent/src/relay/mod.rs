@@ -4,6 +4,7 @@
 //! ([`execute`]) and streams the response back.
 
 pub mod execute;
+pub mod operations;
 pub mod policy;
 
 use std::collections::HashMap;
@@ -222,8 +223,18 @@ pub async fn run(
             scrub_secrets: !cluster.policy.reads_secrets(),
             impersonate: cluster.impersonate.clone(),
         };
+        let row = metrics.operations.register(operations::Operation {
+            id: format!("{account}:{id}"),
+            account: account.clone(),
+            verb: verb.clone(),
+            method: head.method.clone(),
+            path: head.path.clone(),
+            started_unix_millis: started / 1000,
+        });
         let task = tasks.spawn(async move {
             let _permit = permit;
+            // Listed in `/operations` until the request ends or is aborted.
+            let _row = row;
             execute::execute(client, head, body, started, options, tx).await;
             id
         });

@@ -132,6 +132,35 @@ pub struct ArmoryAgent {
     pub kind: &'static str,
 }
 
+/// A sidecar instance in the shape of Armory's `GET /armory/clouddrivers`
+/// (in Armory, the Clouddriver replicas; in spinlink, the sidecars beside
+/// them, which share the store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArmoryClouddriver {
+    /// Where its peers reach it: its peer port.
+    pub base_url: String,
+    /// Its instance id (`instanceId`, the pod name in the charts).
+    pub id: String,
+    /// When it last said it runs (RFC 3339).
+    pub last_updated: String,
+    /// It said so within one ownership lease.
+    pub ready: bool,
+}
+
+impl From<crate::ownership::Instance> for ArmoryClouddriver {
+    fn from(i: crate::ownership::Instance) -> Self {
+        Self {
+            base_url: i.url,
+            id: i.id,
+            last_updated: chrono::DateTime::from_timestamp_millis(i.last_seen)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .unwrap_or_default(),
+            ready: i.ready,
+        }
+    }
+}
+
 /// Armory's accounts API over [`Dynamic`], with the INACTIVE accounts.
 pub struct Armory {
     dynamic: Arc<Dynamic>,
@@ -231,15 +260,24 @@ enum Route {
     Operations,
     Operation(String),
     Disconnect(String),
+    Namespaces(String),
+    Clouddrivers,
+    Clouddriver(String),
     /// An Armory path spinlink has no meaning for: 501 with this message.
     NotImplemented(&'static str),
 }
 
 fn route(method: &Method, path: &str) -> Option<Route> {
-    if let Some(name) = path.strip_prefix(KUBERNETES_ACCOUNTS) {
-        let name = name.trim_end_matches('/');
-        return (method == Method::GET && !name.is_empty() && !name.contains('/'))
-            .then(|| Route::Get(decode(name)));
+    if let Some(rest) = path.strip_prefix(KUBERNETES_ACCOUNTS) {
+        if method != Method::GET {
+            return None;
+        }
+        let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+        return match segs.as_slice() {
+            [name] if !name.is_empty() => Some(Route::Get(decode(name))),
+            [name, "namespaces"] if !name.is_empty() => Some(Route::Namespaces(decode(name))),
+            _ => None,
+        };
     }
     let rest = path.strip_prefix(PREFIX)?;
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
@@ -256,6 +294,8 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         (&Method::GET, ["agents"]) => Route::Agents,
         (&Method::GET, ["agents", id]) => Route::Agent(decode(id)),
         (&Method::POST, ["agent", id, "disconnect"]) => Route::Disconnect(decode(id)),
+        (&Method::GET, ["clouddrivers"]) => Route::Clouddrivers,
+        (&Method::GET, ["clouddrivers", id]) => Route::Clouddriver(decode(id)),
         (_, ["clouddrivers", "sql", "pool", "settings"]) => Route::NotImplemented(
             "spinlink keeps no SQL pool in Clouddriver; the sidecar's store is configured \
              under store: in its configuration (see docs/deploy/sidecar.md)",
@@ -358,6 +398,47 @@ impl Armory {
             retry_count: 0,
             last_updated: view.map(|v| v.updated_at).unwrap_or_default(),
         }))
+    }
+
+    /// The namespaces known for account `name`; `None`: no such account.
+    /// Served here: the namespaces its cache holds (the `namespaces` kind
+    /// when its agent watches it, else those its cached objects are in),
+    /// within the namespaces its agent watches; not served here (INACTIVE,
+    /// not yet taken by an agent, or on another sidecar): the namespaces
+    /// its definition names, empty for all.
+    pub async fn namespaces(&self, name: &str) -> Result<Option<Vec<String>>, Error> {
+        if self.account(name).await?.is_none() {
+            return Ok(None);
+        }
+        if let Some(account) = self
+            .dynamic
+            .accounts()
+            .get(name)
+            .filter(|a| a.presence() != Presence::Removed)
+        {
+            let scope = account.scope();
+            let cache = account.read_cache();
+            let mut names: Vec<String> = match cache.kind("", "v1", "namespaces") {
+                Some(kind) if kind.synced => kind.objects.keys().map(|(_, n)| n.clone()).collect(),
+                _ => cache
+                    .kinds()
+                    .flat_map(|k| k.objects.keys().map(|(ns, _)| ns.clone()))
+                    .filter(|ns| !ns.is_empty())
+                    .collect(),
+            };
+            names.retain(|ns| scope.covers(ns));
+            names.sort();
+            names.dedup();
+            if names.is_empty() {
+                names = scope.namespaces;
+            }
+            return Ok(Some(names));
+        }
+        if let Some(held) = self.inactive().get(name) {
+            return Ok(Some(held.namespaces.clone()));
+        }
+        let row = self.dynamic.store().dynamic_account(name).await?;
+        Ok(Some(row.map(|r| r.namespaces).unwrap_or_default()))
     }
 
     /// Every agent with an account on this sidecar, by identity.
@@ -654,6 +735,18 @@ fn history_record(
     })
 }
 
+/// What was read for account `name`: 200 with it, 404 for no such account.
+fn found<T: Serialize>(name: &str, read: Result<Option<T>, Error>) -> Response<Body> {
+    match read {
+        Ok(Some(value)) => json(StatusCode::OK, &value),
+        Ok(None) => error_response(
+            StatusCode::NOT_FOUND,
+            format!("no account {name:?} on this sidecar"),
+        ),
+        Err(e) => dynamic_error(&e),
+    }
+}
+
 /// A list body must have 1 to [`MAX_ITEMS`] entries.
 async fn read_list<B, T>(body: B) -> Result<Vec<T>, Response<Body>>
 where
@@ -677,8 +770,13 @@ where
     Ok(items)
 }
 
-/// Answers a request [`serves`] accepts.
-pub async fn handle<B>(armory: &Armory, req: Request<B>) -> Response<Body>
+/// Answers a request [`serves`] accepts; `ownership` knows the sidecar
+/// instances sharing the store (`/armory/clouddrivers`).
+pub async fn handle<B>(
+    armory: &Armory,
+    ownership: Option<&crate::ownership::Ownership>,
+    req: Request<B>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display + Send,
@@ -689,6 +787,34 @@ where
     match route {
         Route::NotImplemented(message) => error_response(StatusCode::NOT_IMPLEMENTED, message),
         Route::Agents => json(StatusCode::OK, &armory.agents()),
+        Route::Clouddrivers | Route::Clouddriver(_) => {
+            let Some(ownership) = ownership else {
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "this sidecar runs without ownership: no instances are recorded",
+                );
+            };
+            let all: Vec<ArmoryClouddriver> = match ownership.instances().await {
+                Ok(all) => all.into_iter().map(ArmoryClouddriver::from).collect(),
+                Err(e) => {
+                    return error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the sidecar instances could not be read from the store: {e}"),
+                    );
+                }
+            };
+            match route {
+                Route::Clouddriver(id) => match all.into_iter().find(|c| c.id == id) {
+                    Some(one) => json(StatusCode::OK, &one),
+                    None => error_response(
+                        StatusCode::NOT_FOUND,
+                        format!("no sidecar instance {id:?} shares this sidecar's store"),
+                    ),
+                },
+                _ => json(StatusCode::OK, &all),
+            }
+        }
+        Route::Namespaces(name) => found(&name, armory.namespaces(&name).await),
         Route::Operations | Route::Operation(_) => {
             let all = match armory.operations().await {
                 Ok(all) => all,
@@ -732,14 +858,7 @@ where
                 format!("no agent {id:?} has an account on this sidecar"),
             ),
         },
-        Route::Get(name) => match armory.account(&name).await {
-            Ok(Some(account)) => json(StatusCode::OK, &account),
-            Ok(None) => error_response(
-                StatusCode::NOT_FOUND,
-                format!("no account {name:?} on this sidecar"),
-            ),
-            Err(e) => dynamic_error(&e),
-        },
+        Route::Get(name) => found(&name, armory.account(&name).await),
         Route::DeleteOne(name) => match armory.delete_one(&name).await {
             Ok(true) => armory.answer(&name).await,
             Ok(false) => error_response(
@@ -868,12 +987,35 @@ mod tests {
             Some(Route::Get(n)) if n == "prod"
         ));
         assert!(!serves(&Method::GET, "/agents/kubernetes/accounts/"));
+        assert!(matches!(
+            route(&Method::GET, "/agents/kubernetes/accounts/a%2Eb/namespaces"),
+            Some(Route::Namespaces(n)) if n == "a.b"
+        ));
         assert!(!serves(
-            &Method::GET,
+            &Method::POST,
             "/agents/kubernetes/accounts/a/namespaces"
+        ));
+        assert!(!serves(&Method::GET, "/agents/kubernetes/accounts/a/pods"));
+        assert!(matches!(
+            route(&Method::GET, "/armory/clouddrivers/sidecar-0"),
+            Some(Route::Clouddriver(id)) if id == "sidecar-0"
         ));
         assert!(!serves(&Method::GET, "/armory/nothing"));
         assert!(!serves(&Method::GET, "/v1/accounts"));
+    }
+
+    /// `value` serializes to the properties of `schema` in `doc`, no more.
+    fn assert_documented(doc: &serde_json::Value, schema: &str, value: &impl Serialize) {
+        let keys = |v: &serde_json::Value| {
+            let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        assert_eq!(
+            keys(&serde_json::to_value(value).unwrap()),
+            keys(&doc["components"]["schemas"][schema]["properties"]),
+            "{schema}"
+        );
     }
 
     /// The documented API and the served one cannot drift apart.
@@ -887,7 +1029,10 @@ mod tests {
             serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut count = 0;
         for (path, item) in doc["paths"].as_object().unwrap() {
-            let concrete = path.replace("{accountName}", "a").replace("{agentId}", "a");
+            let concrete = path
+                .replace("{accountName}", "a")
+                .replace("{agentId}", "a")
+                .replace("{id}", "a");
             for method in item.as_object().unwrap().keys() {
                 if method == "parameters" {
                     continue;
@@ -900,7 +1045,7 @@ mod tests {
                 count += 1;
             }
         }
-        assert_eq!(count, 18, "operations documented");
+        assert_eq!(count, 21, "operations documented");
         let account = KubesvcAccount {
             name: String::new(),
             status: ArmoryState::Active,
@@ -913,23 +1058,7 @@ mod tests {
             retry_count: 0,
             last_updated: String::new(),
         };
-        let served: Vec<String> = serde_json::to_value(&account)
-            .unwrap()
-            .as_object()
-            .unwrap()
-            .keys()
-            .cloned()
-            .collect();
-        let documented: Vec<String> = doc["components"]["schemas"]["KubesvcAccount"]["properties"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .cloned()
-            .collect();
-        let (mut served, mut documented) = (served, documented);
-        served.sort();
-        documented.sort();
-        assert_eq!(served, documented);
+        assert_documented(&doc, "KubesvcAccount", &account);
         let states: Vec<serde_json::Value> =
             doc["components"]["schemas"]["KubesvcAccount"]["properties"]["status"]["enum"]
                 .as_array()
@@ -940,5 +1069,13 @@ mod tests {
             assert_eq!(&serde_json::to_value(parsed).unwrap(), s);
         }
         assert_eq!(states.len(), 10);
+        let clouddriver = ArmoryClouddriver::from(crate::ownership::Instance {
+            id: "s".into(),
+            url: String::new(),
+            last_seen: 0,
+            ready: true,
+        });
+        assert_documented(&doc, "Clouddriver", &clouddriver);
+        assert_eq!(clouddriver.last_updated, "1970-01-01T00:00:00.000Z");
     }
 }

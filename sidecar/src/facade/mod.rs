@@ -150,7 +150,7 @@ impl Facade {
         if let Some(armory) = &self.armory
             && crate::dynamic::armory::serves(req.method(), &path)
         {
-            return crate::dynamic::armory::handle(armory, req).await;
+            return crate::dynamic::armory::handle(armory, self.ownership.as_deref(), req).await;
         }
         if let Some(dynamic) = &self.dynamic
             && crate::dynamic::api::serves(req.method(), &path)

@@ -48,6 +48,25 @@ pub struct Owner {
     pub url: String,
 }
 
+/// How long an instance that stopped saying it runs is still listed by
+/// [`Ownership::instances`] (not ready): long enough to see that a replica
+/// went away, short enough that replaced pods do not pile up.
+pub const INSTANCE_LISTED: Duration = Duration::from_secs(3600);
+
+/// A sidecar instance sharing this one's store, as
+/// [`Ownership::instances`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// Its instance id.
+    pub id: String,
+    /// Where its peers reach it (empty when it serves no peer port).
+    pub url: String,
+    /// When it last said it runs, Unix milliseconds.
+    pub last_seen: i64,
+    /// It said so within one lease (this instance always is).
+    pub ready: bool,
+}
+
 /// Why a claim failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
@@ -119,6 +138,26 @@ impl Ownership {
     /// This instance's id.
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// The sidecar instances sharing the store, this one among them, seen
+    /// within [`INSTANCE_LISTED`], by id. Each says it runs with every
+    /// lease renewal ([`Ownership::run`]), so one that has not for a lease
+    /// is not ready: stopped, or cut off from the store.
+    pub async fn instances(&self) -> Result<Vec<Instance>, crate::store::Error> {
+        let now = chrono::Utc::now().timestamp_millis();
+        let listed = i64::try_from(INSTANCE_LISTED.as_millis()).unwrap_or(i64::MAX);
+        let lease = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let rows = self.store.instances(now.saturating_sub(listed)).await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| Instance {
+                ready: row.id == self.instance || now.saturating_sub(row.last_seen) <= lease,
+                id: row.id,
+                url: row.url,
+                last_seen: row.last_seen,
+            })
+            .collect())
     }
 
     /// The other instance that held `account`'s lease last (expired,
@@ -432,6 +471,10 @@ impl Ownership {
             }
             if renew {
                 renew_at = Instant::now() + every;
+                // Says this instance runs, for `instances` (its readiness).
+                if registered && let Err(e) = self.store.touch_instance(&self.instance).await {
+                    tracing::warn!(error = %e, "recording that this instance runs failed");
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,

@@ -96,6 +96,18 @@ pub struct Lease {
     pub expires_at: i64,
 }
 
+/// A sidecar instance that registered in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRow {
+    /// Its instance id (the pod name, in Kubernetes).
+    pub id: String,
+    /// Where its peers reach it (its peer port), or its facade before it
+    /// served one; empty when it serves neither to peers.
+    pub url: String,
+    /// Unix milliseconds when it last said it runs.
+    pub last_seen: i64,
+}
+
 /// The result of [`Store::acquire_lease`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired {
@@ -666,6 +678,36 @@ impl Store {
                 .execute(pool).await?;
         });
         Ok(())
+    }
+
+    /// Marks sidecar `id` as running now; returns whether it is registered.
+    pub async fn touch_instance(&self, id: &str) -> Result<bool> {
+        let sql = "UPDATE instances SET last_seen = $2 WHERE id = $1";
+        let n = with_pool!(self, pool => {
+            sqlx::query(sql).bind(id).bind(now_millis())
+                .execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// The instances seen at or after `since` (Unix milliseconds), by id.
+    pub async fn instances(&self, since: i64) -> Result<Vec<InstanceRow>> {
+        let sql = "SELECT id, facade_url, peer_url, last_seen FROM instances
+             WHERE last_seen >= $1 ORDER BY id";
+        with_pool!(self, pool => {
+            sqlx::query(sql).bind(since).fetch_all(pool).await?
+                .iter()
+                .map(|r| {
+                    let peer: String = r.try_get("peer_url")?;
+                    let facade: String = r.try_get("facade_url")?;
+                    Ok(InstanceRow {
+                        id: r.try_get("id")?,
+                        url: if peer.is_empty() { facade } else { peer },
+                        last_seen: r.try_get("last_seen")?,
+                    })
+                })
+                .collect()
+        })
     }
 
     /// Where sidecar `id`'s facade answers, if it registered.

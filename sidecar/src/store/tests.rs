@@ -379,6 +379,44 @@ async fn instances_are_registered_and_found() {
 }
 
 #[tokio::test]
+async fn instances_are_listed_with_when_last_seen() {
+    let engines = Engines::new().await;
+    for store in &engines.stores {
+        let e = store.engine();
+        assert!(!store.touch_instance("s1").await.unwrap(), "{e}");
+        store
+            .register_instance("s1", "http://10.0.0.1:7009")
+            .await
+            .unwrap();
+        store.register_instance("s2", "").await.unwrap();
+        store
+            .set_instance_peer_url("s2", "https://10.0.0.2:7010")
+            .await
+            .unwrap();
+        let listed = store.instances(0).await.unwrap();
+        let urls: Vec<(&str, &str)> = listed
+            .iter()
+            .map(|i| (i.id.as_str(), i.url.as_str()))
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                ("s1", "http://10.0.0.1:7009"),
+                ("s2", "https://10.0.0.2:7010")
+            ],
+            "{e}"
+        );
+        let seen = listed[0].last_seen;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(store.touch_instance("s1").await.unwrap(), "{e}");
+        let listed = store.instances(seen + 1).await.unwrap();
+        assert_eq!(listed.len(), 1, "{e}: only the one seen since");
+        assert!(listed[0].last_seen > seen, "{e}");
+    }
+    engines.done().await;
+}
+
+#[tokio::test]
 async fn peer_urls_belong_to_registered_instances() {
     let engines = Engines::new().await;
     for store in &engines.stores {
