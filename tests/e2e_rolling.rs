@@ -277,9 +277,17 @@ fn rolling_restarts_of_gateways_and_sidecars_fail_no_request() {
     let reader = kubectl_for(dir, service.addr, RELEASED);
     let cached = reader.ok(&READ_ROUND);
     assert_eq!(cached, round);
-    // Its gateway (one of the two drained) asked it to move, and the
-    // sidecars resumed its cache streams rather than have it list again.
+    // Its gateway (one of the two drained) asked it to move, and every such
+    // move was made before the old connection went — also when the new
+    // gateway sent its streams to another sidecar, which waited for the old
+    // one to let the account go — and the sidecars resumed its cache
+    // streams rather than have it list again.
     assert!(Stats::get(&stats.reconnects) >= 1, "{stats:?}");
+    assert_eq!(
+        Stats::get(&stats.moves),
+        Stats::get(&stats.reconnects),
+        "{stats:?}"
+    );
     assert!(Stats::get(&stats.resumed) >= 1, "{stats:?}");
     drop(released_run);
 }
