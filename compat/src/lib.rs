@@ -2,8 +2,9 @@
 //! set (`proto/released/spinlink.v1.binpb`, see the README beside it): the
 //! messages and the `Tunnel` client an agent of that release has. Fields and
 //! messages added since (`CacheOpen.reports_synced`, `CacheSynced`) are not
-//! here, by construction. `tests/e2e_released_agent.rs` speaks it to today's
-//! gateway and sidecar.
+//! here, by construction. The test kit's released agent
+//! (`tests/support/released_agent.rs`) speaks it to today's gateway and
+//! sidecar, in `tests/e2e_released_agent.rs` and `tests/e2e_rolling.rs`.
 #![forbid(unsafe_code)]
 
 /// Generated code for package `spinlink.v1`, as released.

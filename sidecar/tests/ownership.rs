@@ -2,8 +2,8 @@
 //! own when `SPINLINK_TEST_POSTGRES_URL` is set): an account is owned by the
 //! instance whose lease it holds, a request to the other is forwarded once, a forwarded
 //! request that finds no owner is a retryable 503, a cache stream for an
-//! owned account is refused elsewhere, and a drained owner's accounts can be
-//! taken over at once.
+//! owned account is refused elsewhere (after a short wait for the holder to
+//! let go), and a drained owner's accounts can be taken over at once.
 
 mod common;
 
@@ -170,7 +170,6 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
     let (_store, _pki, a, b) = two_sidecars(60).await?;
     let mut to_a = a.client().await?;
     let cache = serve_prod(&a, &mut to_a).await?;
-    let pods = pods_kind();
 
     // The agent's streams to A end (its gateway died); A stays up.
     let started = tokio::time::Instant::now();
@@ -178,7 +177,7 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
     wait_status(&a, "prod", |s| !s.online).await?;
     let mut to_b = b.client().await?;
     let deadline = started + std::time::Duration::from_secs(10);
-    let mut cache_b = loop {
+    let cache_b = loop {
         match CacheStream::open(&mut to_b, "prod").await {
             Ok(stream) => break stream,
             Err(e) if tokio::time::Instant::now() < deadline => {
@@ -189,11 +188,40 @@ async fn an_account_whose_streams_ended_is_released_for_another_owner_at_once() 
             Err(e) => return Err(e.context("B never took over A's released account")),
         }
     };
-    sync(&mut cache_b, &pods, &[pod("web-2")]).await?;
+    served_by_b(cache_b, a, b).await
+}
+
+/// B serves `prod` on `cache_b` (its listing applied and acknowledged);
+/// then both sidecars stop.
+async fn served_by_b(mut cache_b: CacheStream, a: Running, b: Running) -> anyhow::Result<()> {
+    sync(&mut cache_b, &pods_kind(), &[pod("web-2")]).await?;
     cache_b.wait_acked().await?;
     drop(cache_b);
     a.stop().await?;
     b.stop().await
+}
+
+#[tokio::test]
+async fn a_cache_stream_waits_for_the_sidecar_letting_its_account_go() -> anyhow::Result<()> {
+    // An agent moving to a new gateway connection ends its cache stream to
+    // A just before it opens the new one, which the new gateway sends to B
+    // (it balances by its own load). B waits for A to let go rather than
+    // refuse the stream, so the move needs no second try (and the agent no
+    // new connection).
+    let (_store, _pki, a, b) = two_sidecars(60).await?;
+    let mut to_a = a.client().await?;
+    let cache = serve_prod(&a, &mut to_a).await?;
+    let mut to_b = b.client().await?;
+    let opening = tokio::spawn(async move { CacheStream::open(&mut to_b, "prod").await });
+    // Refused at once, the open would be over well within this.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !opening.is_finished(),
+        "B answered while A still held the account, instead of waiting"
+    );
+    drop(cache);
+    let cache_b = opening.await??;
+    served_by_b(cache_b, a, b).await
 }
 
 #[tokio::test]

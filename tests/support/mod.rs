@@ -8,6 +8,7 @@ pub mod chain;
 pub mod chart;
 pub mod monitoring;
 pub mod netns;
+pub mod released_agent;
 pub mod scale;
 pub mod store;
 pub mod workload;

@@ -1,8 +1,9 @@
 //! A steady, bounded kubectl loop of reads and writes, run on a thread of
-//! its own while a test restarts or kills components: `get pods -o json`,
-//! `get deploy`, `apply` of a ConfigMap with a changing value, `scale` of
-//! the demo workload's `web`. Every failed command is recorded with its
-//! stderr.
+//! its own while a test restarts or kills components: by default
+//! ([`demo_round`]) `get pods -o json`, `get deploy`, `apply` of a ConfigMap
+//! with a changing value, `scale` of the demo workload's `web`; a test may
+//! give its own rounds ([`run_rounds`]). Every failed command is recorded
+//! with its stderr.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -20,8 +21,39 @@ pub struct Workload {
     pub commands: usize,
     /// Every failed command: round, arguments, time taken, stderr.
     pub failures: Vec<String>,
-    /// The ConfigMap value and the replica count the last writes set.
-    pub last: Option<(usize, usize)>,
+    /// The last round whose writes all succeeded: what the cluster holds.
+    pub last: Option<usize>,
+}
+
+/// One kubectl command of a round.
+pub struct Step {
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its standard input, if any.
+    pub input: Option<String>,
+    /// Whether it writes (a failed write leaves the round out of
+    /// [`Workload::last`]).
+    pub writes: bool,
+}
+
+impl Step {
+    /// A read: `kubectl args`.
+    pub fn read(args: &[&str]) -> Step {
+        Step {
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            input: None,
+            writes: false,
+        }
+    }
+
+    /// A write: `kubectl args`, `input` on its standard input.
+    pub fn write(args: &[&str], input: Option<String>) -> Step {
+        Step {
+            input,
+            writes: true,
+            ..Step::read(args)
+        }
+    }
 }
 
 /// The ConfigMap `rolling` in namespace `demo` the loop writes.
@@ -32,50 +64,67 @@ pub fn configmap(round: usize) -> String {
     )
 }
 
-/// Reads and writes through `kubectl` until `stop` (or [`MAX_ROUNDS`]),
+/// The replicas round `round` of [`demo_round`] scales `web` to.
+pub fn replicas(round: usize) -> usize {
+    round % 3 + 1
+}
+
+/// A round against kube-sim's demo workload: two reads, `apply` of
+/// [`configmap`], `scale` to [`replicas`].
+pub fn demo_round(round: usize) -> Vec<Step> {
+    let replicas = format!("--replicas={}", replicas(round));
+    vec![
+        Step::read(&["get", "pods", "-n", "demo", "-o", "json"]),
+        Step::read(&["get", "deploy", "-n", "demo"]),
+        Step::write(&["apply", "-f", "-"], Some(configmap(round))),
+        Step::write(&["scale", "deployment/web", "-n", "demo", &replicas], None),
+    ]
+}
+
+/// [`demo_round`]s through `kubectl` until `stop` (or [`MAX_ROUNDS`]),
 /// publishing the rounds completed in `rounds`.
 pub fn run(kubectl: &Kubectl, stop: &AtomicBool, rounds: &AtomicUsize) -> Workload {
+    run_rounds(kubectl, stop, rounds, demo_round)
+}
+
+/// Runs round after round of `round(n)`'s commands through `kubectl` until
+/// `stop` (or [`MAX_ROUNDS`]), publishing the rounds completed in `rounds`.
+pub fn run_rounds(
+    kubectl: &Kubectl,
+    stop: &AtomicBool,
+    rounds: &AtomicUsize,
+    round: impl Fn(usize) -> Vec<Step>,
+) -> Workload {
     let mut w = Workload {
         rounds: 0,
         commands: 0,
         failures: Vec::new(),
         last: None,
     };
-    for round in 1..=MAX_ROUNDS {
+    for n in 1..=MAX_ROUNDS {
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let replicas = round % 3 + 1;
-        let replicas_arg = format!("--replicas={replicas}");
-        let manifest = configmap(round);
-        let steps: [(&[&str], Option<&str>); 4] = [
-            (&["get", "pods", "-n", "demo", "-o", "json"], None),
-            (&["get", "deploy", "-n", "demo"], None),
-            (&["apply", "-f", "-"], Some(&manifest)),
-            (
-                &["scale", "deployment/web", "-n", "demo", &replicas_arg],
-                None,
-            ),
-        ];
         let mut wrote = true;
-        for (args, input) in steps {
+        for step in round(n) {
+            let args: Vec<&str> = step.args.iter().map(String::as_str).collect();
             let started = Instant::now();
-            let out = kubectl.run_with_input(args, input);
+            let out = kubectl.run_with_input(&args, step.input.as_deref());
             w.commands += 1;
             if !out.status.success() {
-                wrote &= args[0] != "apply" && args[0] != "scale";
+                wrote &= !step.writes;
                 w.failures.push(format!(
-                    "round {round}, kubectl {args:?} after {:?}: {}",
+                    "round {n}, kubectl {args:?} after {:?}: {}",
                     started.elapsed(),
                     String::from_utf8_lossy(&out.stderr).trim()
                 ));
             }
         }
         if wrote {
-            w.last = Some((round, replicas));
+            w.last = Some(n);
         }
-        w.rounds = round;
-        rounds.store(round, Ordering::Relaxed);
+        w.rounds = n;
+        rounds.store(n, Ordering::Relaxed);
     }
     w
 }

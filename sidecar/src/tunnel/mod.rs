@@ -50,6 +50,13 @@ pub const DEFAULT_ACCEPT_QUEUE: usize = 64;
 /// The `reason` of refusals of a stream whose account another agent
 /// identity holds.
 pub const REFUSED_ACCOUNT_HELD: &str = "account_held";
+/// How long a cache stream waits for another sidecar to let go of its
+/// account before it is refused (`Unavailable`): long enough for a holder
+/// that saw its own stream end to release the lease, short against the
+/// agent's backoff when the holder is still serving or died.
+pub const DEFAULT_CLAIM_WAIT: Duration = Duration::from_secs(2);
+/// How often the lease is tried meanwhile.
+const CLAIM_RETRY: Duration = Duration::from_millis(100);
 
 /// The `Tunnel` service.
 #[derive(Debug, Clone)]
@@ -268,25 +275,39 @@ impl Tunnel for TunnelService {
         }
         let mut claimed = None;
         if let Some(ownership) = &self.ownership {
-            // Whom the account comes from: claiming replaces the record.
-            let previous = match &self.handover {
-                Some(_) => ownership.previous_owner(&name).await,
-                None => None,
-            };
-            match ownership.claim(&name).await {
-                Ok(()) => claimed = Some(previous),
-                // The agent retries with backoff; the holder's lease ends
-                // within one lease period unless its agent is still there.
-                Err(e @ ClaimError::HeldBy { .. }) => {
-                    tracing::info!(account = %name, agent = %identity, reason = %e, "cache stream refused");
-                    return Err(Status::unavailable(e.to_string()));
+            let give_up = tokio::time::Instant::now() + DEFAULT_CLAIM_WAIT;
+            loop {
+                // Whom the account comes from: claiming replaces the record.
+                let previous = match &self.handover {
+                    Some(_) => ownership.previous_owner(&name).await,
+                    None => None,
+                };
+                match ownership.claim(&name).await {
+                    Ok(()) => claimed = Some(previous),
+                    // An agent moving to a new gateway connection ends its
+                    // old cache stream just before it opens this one, and
+                    // the new gateway may have sent it to another sidecar
+                    // than the old one did (each balances by its own load).
+                    // The holder lets go as soon as it sees its stream end:
+                    // wait for that rather than fail the move.
+                    Err(ClaimError::HeldBy { .. }) if tokio::time::Instant::now() < give_up => {
+                        tokio::time::sleep(CLAIM_RETRY).await;
+                        continue;
+                    }
+                    // The agent retries with backoff; the holder's lease ends
+                    // within one lease period unless its agent is still there.
+                    Err(e @ ClaimError::HeldBy { .. }) => {
+                        tracing::info!(account = %name, agent = %identity, reason = %e, "cache stream refused");
+                        return Err(Status::unavailable(e.to_string()));
+                    }
+                    // Without the store ownership cannot be checked; serving
+                    // beats refusing (the gateways route each account to one
+                    // sidecar anyway).
+                    Err(e) => {
+                        tracing::warn!(account = %name, error = %e, "lease not claimed; serving anyway");
+                    }
                 }
-                // Without the store ownership cannot be checked; serving
-                // beats refusing (the gateways route each account to one
-                // sidecar anyway).
-                Err(e) => {
-                    tracing::warn!(account = %name, error = %e, "lease not claimed; serving anyway");
-                }
+                break;
             }
         }
         let account = self.accounts.get_or_create(&name);
