@@ -406,11 +406,14 @@ async fn instances_are_listed_with_when_last_seen() {
             ],
             "{e}"
         );
-        let seen = listed[0].last_seen;
+        // The later of the two registrations: s2 may be a millisecond
+        // after s1.
+        let seen = listed.iter().map(|i| i.last_seen).max().unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         assert!(store.touch_instance("s1").await.unwrap(), "{e}");
         let listed = store.instances(seen + 1).await.unwrap();
         assert_eq!(listed.len(), 1, "{e}: only the one seen since");
+        assert_eq!(listed[0].id, "s1", "{e}");
         assert!(listed[0].last_seen > seen, "{e}");
     }
     engines.done().await;
