@@ -241,12 +241,13 @@ pub fn envoy_yaml(pki: &DevPki, listen: SocketAddr, echo: SocketAddr) -> String 
 /// policy grants each agent of the benches — the load
 /// ([`crate::grpc_wire::AGENT_ID`]), the newcomers and the hostile bench's
 /// attacker — the account named as its agent id. With `lifted`, the
-/// handshake and `Hello` rate limits are lifted (for throughput, where their
+/// handshake (global and per client network) and `Hello` rate limits are
+/// lifted (for throughput, where their
 /// defaults would be what is measured); without, the gateway runs with its
 /// defaults, as it ships.
 pub fn gateway_yaml(pki: &DevPki, listen: SocketAddr, echo: SocketAddr, lifted: bool) -> String {
     let limits = if lifted {
-        "listener:\n  maxConnections: 40000\n  handshakesPerSecond: 1000000\n  handshakeBurst: 1000000\n  helloPerSecond: 1000000\n  helloBurst: 1000000\n"
+        "listener:\n  maxConnections: 40000\n  handshakesPerSecond: 1000000\n  handshakeBurst: 1000000\n  handshakesPerSecondPerSource: 1000000\n  handshakeBurstPerSource: 1000000\n  helloPerSecond: 1000000\n  helloBurst: 1000000\n"
     } else {
         ""
     };

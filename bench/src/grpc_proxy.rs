@@ -162,7 +162,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         "- peers: {}; all fronts TLS 1.3 only (the load offers nothing else), client certificate required (dev CA, ECDSA P-256), HTTP/2 by ALPN, no session resumption; h2c to one tonic echo backend (2 tokio workers)",
         versions.join("; ")
     ));
-    r.line("- gateway: `spinlink gateway`, release build, its agent path (Hello, then `Relay` bidi / `Cache` unary streams with the channel token, carried to the backend as its sidecar over `upstreamConnections: 2` h2c connections); handshake and Hello rate limits lifted in its config".to_string());
+    r.line("- gateway: `spinlink gateway`, release build, its agent path (Hello, then `Relay` bidi / `Cache` unary streams with the channel token, carried to the backend as its sidecar over `upstreamConnections: 2` h2c connections); handshake (global and per client network) and Hello rate limits lifted in its config".to_string());
     r.line(format!(
         "- load: {} s per throughput run, {} runs per measure, targets in rotating order; bidi: {} streams over {} connections, ping-pong, {}-byte payload ({} bytes framed); unary: {} in flight over {} connections; latency: 1 in flight, {} requests per run; handshakes: {} concurrent loops of connect + TLS 1.3 mTLS + HTTP/2 prefaces (until the server's SETTINGS arrive) + close",
         opts.seconds,

@@ -752,8 +752,16 @@ impl Attacker {
                 Err(_) => break false,
             }
         };
-        if let Some(r) = reader {
-            r.abort();
+        if let Some(mut r) = reader {
+            // Ended by the front: let the reader take what it sent last
+            // (its GOAWAY) before the socket is gone.
+            if !ended
+                || tokio::time::timeout(Duration::from_millis(500), &mut r)
+                    .await
+                    .is_err()
+            {
+                r.abort();
+            }
         }
         ended
     }
