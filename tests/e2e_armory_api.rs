@@ -188,6 +188,9 @@ impl Api {
     }
 }
 
+/// The fields of Armory's `KubesvcAccount`, as `../shared/armory-rest-api.md`
+/// (Schemas, from Armory's swagger of Aug 2022) lists them; there is no
+/// Armory instance to record answers from.
 fn assert_kubesvc_account(v: &Value, name: &str) {
     assert_eq!(v["name"], name, "{v}");
     for key in [

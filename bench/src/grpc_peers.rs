@@ -373,31 +373,31 @@ impl Front {
         let (text, args, version_args): (String, Vec<String>, &[&str]) = match kind {
             Kind::Gateway => (
                 gateway(listen),
-                vec!["gateway".into(), "--config".into(), path(&cfg)?],
+                vec!["gateway".into(), "--config".into(), path(&cfg)?.into()],
                 &["--version"],
             ),
             Kind::Nginx => (
                 nginx_conf(pki, dir, listen, echo),
                 vec![
                     "-p".into(),
-                    path(dir)?,
+                    path(dir)?.into(),
                     "-c".into(),
-                    path(&cfg)?,
+                    path(&cfg)?.into(),
                     "-e".into(),
-                    path(&log)?,
+                    path(&log)?.into(),
                 ],
                 &["-v"],
             ),
             Kind::Haproxy => (
                 haproxy_cfg(&haproxy_pem(pki, dir)?, pki, listen, echo),
-                vec!["-db".into(), "-f".into(), path(&cfg)?],
+                vec!["-db".into(), "-f".into(), path(&cfg)?.into()],
                 &["-v"],
             ),
             Kind::Envoy => (
                 envoy_yaml(pki, listen, echo),
                 vec![
                     "-c".into(),
-                    path(&cfg)?,
+                    path(&cfg)?.into(),
                     "--concurrency".into(),
                     "2".into(),
                     "--log-level".into(),
@@ -427,8 +427,9 @@ impl Front {
     }
 }
 
-fn path(p: &Path) -> anyhow::Result<String> {
-    p.to_str().map(str::to_owned).context("non-UTF-8 path")
+/// `p` as a command-line argument.
+pub fn path(p: &Path) -> anyhow::Result<&str> {
+    p.to_str().context("non-UTF-8 path")
 }
 
 /// The first line `bin args` prints, on stdout or stderr.

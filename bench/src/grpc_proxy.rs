@@ -26,7 +26,7 @@ use spinlink_proto::paths;
 use spinlink_tls::dev::DevPki;
 
 use crate::chain::Proc;
-use crate::grpc_peers::{self as peers, Front, Kind, Peers};
+use crate::grpc_peers::{self as peers, Front, Kind, Peers, path};
 use crate::grpc_wire::{Conn, Dialer, frame};
 use crate::report::Report;
 use crate::stats;
@@ -382,10 +382,6 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s[(s.len() - 1) / 2]
-}
-
-fn path(p: &std::path::Path) -> anyhow::Result<&str> {
-    p.to_str().context("non-UTF-8 path")
 }
 
 /// Lifts the soft open-files limit to the hard one (2,000 connections hold

@@ -170,8 +170,8 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let pki = DevPki::ensure(&opts.dir.join("pki"), &agents)?;
     let dir = &opts.dir;
     let me = std::env::current_exe()?;
-    let pki_dir = pki.dir.to_str().context("non-UTF-8 path")?;
-    let dir_arg = dir.to_str().context("non-UTF-8 path")?;
+    let pki_dir = peers::path(&pki.dir)?;
+    let dir_arg = peers::path(dir)?;
     let mut echo = Proc::start(
         &me,
         "echo",

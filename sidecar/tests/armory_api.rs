@@ -111,6 +111,9 @@ impl Api {
     }
 }
 
+/// The fields of Armory's `KubesvcAccount`, as `../shared/armory-rest-api.md`
+/// (Schemas, from Armory's swagger of Aug 2022) lists them; there is no
+/// Armory instance to record answers from.
 fn assert_kubesvc_account(v: &Value, name: &str, status: &str) {
     assert_eq!(v["name"], name, "{v}");
     assert_eq!(v["status"], status, "{v}");
