@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::kinds::{self, KindFilter};
 use crate::metrics::Metrics;
-use crate::relay::policy::RelayPolicy;
+use crate::policy::RelayPolicy;
 use crate::{Error, Result};
 use prometheus_client::metrics::gauge::Gauge;
 

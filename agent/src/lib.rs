@@ -10,12 +10,14 @@
 //! [`scrub`] while parsing, so they never leave; [`metrics`] counts it all.
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod admin;
 mod agent;
 pub mod apiserver;
 pub mod assignments;
 pub mod backoff;
 pub mod cache;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod connection;
@@ -23,6 +25,7 @@ pub mod incluster;
 pub mod kinds;
 pub mod leader;
 pub mod metrics;
+pub mod policy;
 pub mod relay;
 pub mod reload;
 pub mod scrub;

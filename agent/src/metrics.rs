@@ -111,10 +111,10 @@ pub struct Metrics {
     pub certificate_not_after: Family<CertificateLabels, Gauge>,
     /// The watches running now (the admin port's `/watches`; not exported
     /// as metrics).
-    pub active: crate::cache::active::WatchTable,
+    pub active: crate::activity::watches::WatchTable,
     /// The relayed requests executing now (the admin port's `/operations`;
     /// not exported as metrics).
-    pub operations: crate::relay::operations::OperationTable,
+    pub operations: crate::activity::operations::OperationTable,
 }
 
 impl Default for Metrics {
@@ -241,8 +241,8 @@ impl Metrics {
             connected,
             account_state,
             certificate_not_after,
-            active: crate::cache::active::WatchTable::default(),
-            operations: crate::relay::operations::OperationTable::default(),
+            active: crate::activity::watches::WatchTable::default(),
+            operations: crate::activity::operations::OperationTable::default(),
         }
     }
 

@@ -188,7 +188,7 @@ pub struct AccountStateView {
 /// before paging.
 pub fn accounts(
     state: &AgentState,
-    watched: &[crate::cache::active::WatchStatus],
+    watched: &[crate::activity::watches::WatchStatus],
     query: &AccountQuery,
 ) -> (Vec<ArmoryAccount>, usize) {
     let matching: Vec<ArmoryAccount> = state

@@ -2,8 +2,8 @@
 //! `/readyz` (connected to a gateway), `/metrics` (Prometheus text format,
 //! [`crate::metrics`]), `/accounts` (each account's state, JSON), `/watches`
 //! (each running watch per account and kind, JSON:
-//! [`crate::cache::active`]), `/operations` (the relayed requests executing
-//! now: [`crate::relay::operations`]), `/version`; and the Armory Scale
+//! [`crate::activity::watches`]), `/operations` (the relayed requests executing
+//! now: [`crate::activity::operations`]), `/version`; and the Armory Scale
 //! Agent's names for these ([`armory`]): `/health`, `/accounts` with
 //! Armory's filters and paging, `/accounts/{name}/version`. Plain HTTP/1.1,
 //! meant for the kubelet and a scraper inside the cluster; it never carries
@@ -386,14 +386,16 @@ mod tests {
         // `/operations`: the relayed requests executing now.
         let (status, text) = body(answer(&get, "/operations", &m, &state)).await;
         assert_eq!((status, text.as_str()), (200, r#"{"operations":[]}"#));
-        let row = m.operations.register(crate::relay::operations::Operation {
-            id: "dev:3".into(),
-            account: "dev".into(),
-            verb: "watch".into(),
-            method: "GET".into(),
-            path: "/api/v1/pods".into(),
-            started_unix_millis: 5,
-        });
+        let row = m
+            .operations
+            .register(crate::activity::operations::Operation {
+                id: "dev:3".into(),
+                account: "dev".into(),
+                verb: "watch".into(),
+                method: "GET".into(),
+                path: "/api/v1/pods".into(),
+                started_unix_millis: 5,
+            });
         let (_, text) = body(answer(&get, "/operations", &m, &state)).await;
         let v = parsed(&text);
         assert_eq!(v["operations"][0]["id"], "dev:3");

@@ -30,7 +30,7 @@ impl ApiHealth {
             .take();
         if let Some((since, _)) = was {
             tracing::info!(
-                down_for_ms = super::unix_millis().saturating_sub(since),
+                down_for_ms = crate::clock::unix_millis().saturating_sub(since),
                 "the cluster's API server answers again"
             );
             self.changed.notify_waiters();
@@ -48,7 +48,7 @@ impl ApiHealth {
             Some((_, last)) => *last = text,
             None => {
                 tracing::warn!(error = %text, "the cluster's API server does not answer; the sidecar marks cached reads as possibly stale");
-                *down = Some((super::unix_millis(), text));
+                *down = Some((crate::clock::unix_millis(), text));
                 drop(down);
                 self.changed.notify_waiters();
             }

@@ -9,7 +9,6 @@
 //! them. Down the stream come acks (which free the window), resync requests
 //! (which make kinds list again) and heartbeats.
 
-pub mod active;
 pub mod health;
 pub mod outbox;
 pub mod watch;
@@ -17,7 +16,7 @@ pub mod watch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::StreamExt;
 use spinlink_proto::v1::{self, CacheUp, cache_down, cache_up};
@@ -381,17 +380,10 @@ async fn heartbeat(
         lag.set(outbox.lag().as_secs_f64());
         let (since, error) = api.down().unwrap_or_default();
         let beat = cache_up::Msg::Heartbeat(v1::Heartbeat {
-            unix_millis: unix_millis(),
+            unix_millis: crate::clock::unix_millis(),
             api_unreachable_since_unix_millis: since,
             api_error: error,
         });
         outbox.push(beat).await;
     }
-}
-
-pub(crate) fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

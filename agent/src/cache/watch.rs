@@ -29,8 +29,8 @@ use spinlink_proto::v1::{self, cache_up, watch_event};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tracing::{debug, info, warn};
 
-use super::active::WatchRow;
 use super::outbox::Outbox;
+use crate::activity::watches::WatchRow;
 use crate::backoff::Backoff;
 use crate::kinds::{KindFilter, WatchedKind};
 use crate::metrics::Metrics;
@@ -540,7 +540,7 @@ impl KindWatch {
             return Ok(());
         }
         self.push_object(ty, object).await;
-        self.row.event(rv, super::unix_millis());
+        self.row.event(rv, crate::clock::unix_millis());
         Ok(())
     }
 }

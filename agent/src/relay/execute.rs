@@ -130,7 +130,7 @@ fn deadline(unix_millis: i64) -> Option<tokio::time::Instant> {
     if unix_millis <= 0 {
         return None;
     }
-    let now = crate::cache::unix_millis();
+    let now = crate::clock::unix_millis();
     let left = u64::try_from(unix_millis.saturating_sub(now)).unwrap_or(0);
     Some(tokio::time::Instant::now() + std::time::Duration::from_millis(left))
 }
@@ -145,7 +145,7 @@ async fn run(
 ) -> Result<(), Failure> {
     let id = head.id;
     let secrets = options.scrub_secrets && scrub::path_targets_secrets(&head.path);
-    let mode = match (secrets, is_watch(&head.path, &head.query)) {
+    let mode = match (secrets, crate::policy::is_watch(&head.path, &head.query)) {
         (false, _) => BodyMode::Stream,
         (true, false) => BodyMode::ScrubWhole,
         (true, true) => BodyMode::ScrubLines,
@@ -328,16 +328,6 @@ fn impersonate<B>(request: &mut http::Request<B>, options: &Options) -> Result<(
     Ok(())
 }
 
-/// True for watch requests: `watch=true|1` in the query or a legacy
-/// `/watch/` path.
-pub fn is_watch(path: &str, query: &str) -> bool {
-    path.contains("/watch/")
-        || query.split('&').any(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            k == "watch" && (v == "true" || v == "1" || v.is_empty())
-        })
-}
-
 fn is_json(headers: &http::HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
@@ -365,16 +355,6 @@ mod tests {
             deadline_unix_millis: 0,
             end_stream: true,
         }
-    }
-
-    #[test]
-    fn watch_detection() {
-        assert!(is_watch("/api/v1/pods", "watch=true&resourceVersion=5"));
-        assert!(is_watch("/api/v1/pods", "labelSelector=a&watch=1"));
-        assert!(is_watch("/api/v1/watch/pods", ""));
-        assert!(!is_watch("/api/v1/pods", "watch=false"));
-        assert!(!is_watch("/api/v1/pods", "watchers=true"));
-        assert!(!is_watch("/api/v1/pods", ""));
     }
 
     #[test]

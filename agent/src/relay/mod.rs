@@ -1,11 +1,9 @@
 //! An account's `Relay` stream: the sidecar sends Kubernetes API requests
 //! (head, body chunks, cancel), the agent checks each against the account's
-//! relay policy ([`policy`]), runs it in its own task against the API server
+//! relay policy ([`crate::policy`]), runs it in its own task against the API server
 //! ([`execute`]) and streams the response back.
 
 pub mod execute;
-pub mod operations;
-pub mod policy;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -223,14 +221,16 @@ pub async fn run(
             scrub_secrets: !cluster.policy.reads_secrets(),
             impersonate: cluster.impersonate.clone(),
         };
-        let row = metrics.operations.register(operations::Operation {
-            id: format!("{account}:{id}"),
-            account: account.clone(),
-            verb: verb.clone(),
-            method: head.method.clone(),
-            path: head.path.clone(),
-            started_unix_millis: started / 1000,
-        });
+        let row = metrics
+            .operations
+            .register(crate::activity::operations::Operation {
+                id: format!("{account}:{id}"),
+                account: account.clone(),
+                verb: verb.clone(),
+                method: head.method.clone(),
+                path: head.path.clone(),
+                started_unix_millis: started / 1000,
+            });
         let task = tasks.spawn(async move {
             let _permit = permit;
             // Listed in `/operations` until the request ends or is aborted.
@@ -250,7 +250,7 @@ pub async fn run(
 async fn send_status(
     tx: &mpsc::Sender<RelayUp>,
     id: u64,
-    denied: &policy::Denied,
+    denied: &crate::policy::Denied,
     started: i64,
 ) -> Result<(), mpsc::error::SendError<RelayUp>> {
     let head = RelayUp {

@@ -182,7 +182,7 @@ pub fn parse(method: &str, path: &str, query: &str) -> Result<Target, String> {
         _ => return Ok(non_resource(&method_verb)),
     };
     let mut rest = rest.to_vec();
-    let mut watch = crate::relay::execute::is_watch(path, query);
+    let mut watch = is_watch(path, query);
     if rest.first() == Some(&"watch") {
         rest.remove(0);
         watch = true;
@@ -223,9 +223,29 @@ pub fn parse(method: &str, path: &str, query: &str) -> Result<Target, String> {
     })
 }
 
+/// True for watch requests: `watch=true|1` in the query or a legacy
+/// `/watch/` path.
+pub fn is_watch(path: &str, query: &str) -> bool {
+    path.contains("/watch/")
+        || query.split('&').any(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            k == "watch" && (v == "true" || v == "1" || v.is_empty())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_detection() {
+        assert!(is_watch("/api/v1/pods", "watch=true&resourceVersion=5"));
+        assert!(is_watch("/api/v1/pods", "labelSelector=a&watch=1"));
+        assert!(is_watch("/api/v1/watch/pods", ""));
+        assert!(!is_watch("/api/v1/pods", "watch=false"));
+        assert!(!is_watch("/api/v1/pods", "watchers=true"));
+        assert!(!is_watch("/api/v1/pods", ""));
+    }
 
     fn target(method: &str, path: &str, query: &str) -> (String, Option<String>, String) {
         let t = parse(method, path, query).unwrap();
