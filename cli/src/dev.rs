@@ -69,7 +69,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         None => {
             // Over TLS, as a real API server: the agent then speaks HTTP/2
             // to it and carries every watch on one connection.
-            let (tls, ca_pem) = super::kube_sim_tls(&dir.join("pki"))?;
+            let (tls, ca_pem) = super::sim::kube_sim_tls(&dir.join("pki"))?;
             let server = spinlink_kube_sim::Server::bind(
                 spinlink_kube_sim::Sim::with_demo_workload(),
                 args.kube_sim_listen,

@@ -199,6 +199,7 @@ fn servers_parse_with_or_without_a_scheme() {
     assert!(e.contains("only http://"), "{e}");
 }
 
+#[cfg(feature = "dev")]
 #[test]
 fn the_default_server_is_where_spinlink_dev_puts_the_facade() {
     assert_eq!(
