@@ -6,6 +6,8 @@
 //! in DER. Errors name keys and entries, never values.
 
 use base64::Engine as _;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -146,7 +148,7 @@ fn fingerprint(data: &str) -> Option<String> {
     let pem = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
         .ok()?;
-    let der = rustls_pemfile::certs(&mut pem.as_slice()).next()?.ok()?;
+    let der = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
     Some(hex::encode(ring::digest::digest(
         &ring::digest::SHA256,
         der.as_ref(),
