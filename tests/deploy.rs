@@ -2036,8 +2036,13 @@ fn check_dockerfile(text: &str, dockerignore: &str, context: &Path) -> Vec<Strin
             errors.push(format!("{path} is left out by .dockerignore"));
         }
     }
-    if !joined.contains("-p spinlink") || !joined.contains("target/release/spinlink") {
+    if !joined.contains("-p spinlink") || !joined.contains("target/production/spinlink") {
         errors.push("the builder does not build the spinlink binary".into());
+    }
+    // The shipped binary leaves the simulated API server out (the `dev`
+    // feature) and is built with the production profile.
+    if !joined.contains("--no-default-features") || !joined.contains("--profile production") {
+        errors.push("the builder does not make the production build".into());
     }
     match entrypoint {
         Some(e) if e.contains("\"/spinlink\"") => {}
@@ -2093,7 +2098,8 @@ fn dockerfile_copies_real_paths_and_runs_spinlink_as_non_root() {
         )
         .replace("USER 65532:65532", "USER root")
         .replace("ENTRYPOINT [\"/spinlink\"]", "ENTRYPOINT [\"/bin/sh\"]")
-        .replace("--from=builder", "--from=build");
+        .replace("--from=builder", "--from=build")
+        .replace("--no-default-features", "");
     let errors = check_dockerfile(&broken, &ignore, &root());
     for want in [
         "COPY gateways",
@@ -2102,6 +2108,7 @@ fn dockerfile_copies_real_paths_and_runs_spinlink_as_non_root() {
         "runs as",
         "does not run /spinlink",
         "--from=build:",
+        "does not make the production build",
     ] {
         assert!(
             errors.iter().any(|e| e.contains(want)),
