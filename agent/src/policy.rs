@@ -233,9 +233,65 @@ pub fn is_watch(path: &str, query: &str) -> bool {
         })
 }
 
+/// Fuzz body: any request a sidecar could relay (method, path and query
+/// separated by NUL) against a narrow policy. Whatever the text, the check
+/// answers without panicking; a path with `%`, `.` or `..` segments, or not
+/// starting with `/`, is refused with 400; an allowed request names only
+/// what the policy allows.
+pub fn fuzz_check(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut parts = text.splitn(3, '\0');
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let query = parts.next().unwrap_or("");
+    let narrow = RelayPolicyConfig {
+        verbs: vec!["get".into(), "list".into(), "patch".into()],
+        resources: vec!["pods".into(), "deployments.apps".into(), "pods/log".into()],
+        namespaces: vec!["team-*".into()],
+        read_secrets: false,
+    };
+    let policy = RelayPolicy::new("fuzz", &narrow).expect("the narrow policy compiles");
+    let plain = path.starts_with('/')
+        && !path.contains('%')
+        && !path.split('/').any(|s| s == "." || s == "..");
+    match policy.check(method, path, query) {
+        Ok(target) => {
+            assert!(plain, "{path:?} was allowed");
+            if let Some(resource) = &target.resource {
+                assert!(
+                    resource == SELF_REVIEW
+                        || (["get", "list", "patch"].contains(&target.verb.as_str())
+                            && target.namespace.starts_with("team-")),
+                    "{method} {path}?{query} was allowed as {target:?}"
+                );
+            } else {
+                assert_eq!(target.verb, "get", "{method} {path}");
+            }
+        }
+        Err((_, denied)) => {
+            assert!(plain || denied.code == 400, "{path:?}: {denied:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fuzz_check_requests() {
+        spinlink_fuzzing::Fuzz::new("agent relay policy")
+            .seeds([
+                b"GET\0/api/v1/namespaces/team-a/pods\0watch=true".to_vec(),
+                b"PATCH\0/apis/apps/v1/namespaces/team-b/deployments/web\0".to_vec(),
+                b"GET\0/api/v1/namespaces/team-a/pods/p/log\0follow=true".to_vec(),
+                b"POST\0/apis/authorization.k8s.io/v1/selfsubjectaccessreviews\0".to_vec(),
+                b"DELETE\0/api/v1/namespaces/kube-system/secrets/x\0".to_vec(),
+                b"GET\0/api/v1/namespaces/team-a/../kube-system/pods\0".to_vec(),
+                b"GET\0/openapi/v2\0".to_vec(),
+            ])
+            .run(fuzz_check);
+    }
 
     #[test]
     fn watch_detection() {

@@ -58,6 +58,45 @@ impl Selectors {
     }
 }
 
+/// Fuzz body: any `labelSelector` and `fieldSelector` (separated by NUL), for
+/// pods, secrets and a custom resource. Parsing answers or refuses without
+/// panicking, and a parsed selector matches an object without panicking.
+pub fn fuzz_selectors(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (labels, fields) = text.split_once('\0').unwrap_or((&text, ""));
+    let object = serde_json::json!({
+        "metadata": {"name": "web-1", "namespace": "team-a", "labels": {"app": "web", "tier": "1"}},
+        "spec": {"nodeName": "node-1"},
+        "status": {"phase": "Running"},
+        "type": "Opaque"
+    });
+    for res in [
+        Resource {
+            group: "",
+            version: "v1",
+            plural: "pods",
+            kind: "Pod",
+        },
+        Resource {
+            group: "",
+            version: "v1",
+            plural: "secrets",
+            kind: "Secret",
+        },
+        Resource {
+            group: "example.com",
+            version: "v1",
+            plural: "widgets",
+            kind: "Widget",
+        },
+    ] {
+        if let Ok(selectors) = Selectors::parse(res, Some(labels), Some(fields)) {
+            let _ = selectors.is_empty();
+            let _ = selectors.matches(&object);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -88,5 +127,17 @@ mod tests {
             Selectors::parse(CONFIGMAPS, None, Some("spec.foo=1")),
             Err(Error::InvalidFieldSelector(_))
         ));
+    }
+
+    #[test]
+    fn fuzz_selector_text() {
+        spinlink_fuzzing::Fuzz::new("kube-api selectors")
+            .seeds([
+                b"app=web,tier!=2\0metadata.name=web-1".to_vec(),
+                b"app in (web,api),!legacy,tier notin (3)\0status.phase!=Pending".to_vec(),
+                b"example.com/key=v\0type=Opaque,metadata.namespace=team-a".to_vec(),
+                b"a=b=c\0spec.nodeName==node-1".to_vec(),
+            ])
+            .run(super::fuzz_selectors);
     }
 }
