@@ -54,14 +54,6 @@ use crate::metrics::Metrics;
 use crate::ownership::versions;
 use crate::store::{KindVersion, Store};
 
-/// Default `ownership.handoverTimeoutMillis`: below the agents' default
-/// wait for `ResumeFrom` (5 s), so a slow fetch still ends in a list, not
-/// in an agent that stopped waiting.
-pub const DEFAULT_TIMEOUT_MILLIS: u64 = 3_000;
-/// Default `ownership.handoverDrainSeconds`.
-pub const DEFAULT_DRAIN_SECONDS: u64 = 5;
-/// Default `ownership.handoverMaxBytes`.
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// The path prefix of snapshots.
 pub const PATH_PREFIX: &str = "/internal/accounts/";
 /// The path suffix of snapshots.
@@ -193,8 +185,8 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MILLIS),
-            max_bytes: DEFAULT_MAX_BYTES,
+            timeout: Duration::from_millis(crate::config::DEFAULT_HANDOVER_TIMEOUT_MILLIS),
+            max_bytes: crate::config::DEFAULT_HANDOVER_MAX_BYTES,
             client: crate::peer::Client::default(),
         }
     }

@@ -36,8 +36,6 @@ pub mod versions;
 pub const FORWARDED_HEADER: &str = "spinlink-forwarded-by";
 /// How long a looked-up owner is remembered before asking the store again.
 pub const OWNER_CACHE: Duration = Duration::from_secs(1);
-/// The default lease duration (`ownership.leaseSeconds`).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
 /// Another sidecar instance that owns an account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -561,7 +559,7 @@ mod tests {
                 id,
                 url,
                 crate::peer::Client::default(),
-                DEFAULT_LEASE,
+                Duration::from_secs(crate::config::DEFAULT_LEASE_SECS),
                 Duration::from_secs(600),
             )
         };
