@@ -20,6 +20,7 @@ pub mod config;
 pub mod dynamic;
 pub mod facade;
 pub mod handover;
+pub mod http;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;
@@ -414,7 +415,7 @@ impl Sidecar {
         let metrics_server = self.metrics_listener.map(|(listener, addr)| {
             tracing::info!(metrics = %addr, "metrics listening");
             let facade = facade_impl.clone();
-            tokio::spawn(facade::serve_http(
+            tokio::spawn(crate::http::serve::serve_http(
                 listener,
                 "metrics",
                 move |req| {
@@ -423,9 +424,11 @@ impl Sidecar {
                         if req.uri().path() == "/metrics" {
                             facade.handle(req).await
                         } else {
-                            facade::body::status(&spinlink_kube_api::Status::not_found_message(
-                                "only /metrics is served here",
-                            ))
+                            crate::http::body::status(
+                                &spinlink_kube_api::Status::not_found_message(
+                                    "only /metrics is served here",
+                                ),
+                            )
                         }
                     }
                 },

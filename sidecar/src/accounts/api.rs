@@ -15,10 +15,10 @@ use bytes::Bytes;
 use http::{Method, Response, StatusCode, header};
 
 use super::Accounts;
-use crate::facade::body::{Body, full};
+use crate::http::body::{Body, full};
 use spinlink_kube_api::Status;
 
-use crate::facade::body::status as status_response;
+use crate::http::body::status as status_response;
 
 /// The path prefix of the accounts API.
 pub const PREFIX: &str = "/v1/accounts";

@@ -11,7 +11,7 @@ use spinlink_kube_api::Status;
 
 use super::{CreateRequest, Dynamic, Error, MigrateRequest};
 use crate::accounts::api::PREFIX;
-use crate::facade::body::{Body, full, status as status_response};
+use crate::http::body::{Body, full, status as status_response};
 
 /// The path of the dynamic accounts list.
 pub const LIST: &str = "/v1/dynamic-accounts";

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::api::{BodyError, decode, json, read_body};
 use super::{CreateRequest, Dynamic, Error, MigrateRequest, View};
 use crate::accounts::Presence;
-use crate::facade::body::Body;
+use crate::http::body::Body;
 
 /// Every path of Armory's REST API starts with this...
 pub const PREFIX: &str = "/armory/";

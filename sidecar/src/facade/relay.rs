@@ -25,10 +25,10 @@ use http_body_util::BodyExt;
 use spinlink_proto::v1::{self, relay_down};
 use tokio::sync::mpsc;
 
-use super::body::{self, Body, BoxError};
 use super::route::{Query, ResourcePath};
 use crate::accounts::{Account, Operation, Outcome};
 use crate::cache::KindKey;
+use crate::http::body::{self, Body, BoxError};
 use crate::tunnel::relay::RelayHandle;
 use spinlink_kube_api::{Status, protobuf};
 

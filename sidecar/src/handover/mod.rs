@@ -49,7 +49,7 @@ use tokio::sync::watch;
 use crate::accounts::{Account, Accounts, Presence};
 use crate::cache::KindKey;
 use crate::cache::snapshot::{self, Loaded, Reader};
-use crate::facade::body::{self, Body, BoxError};
+use crate::http::body::{self, Body, BoxError};
 use crate::metrics::Metrics;
 use crate::ownership::versions;
 use crate::store::{KindVersion, Store};

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Accounts, Presence};
-use crate::facade::body::{self, Body, BoxError};
 use crate::handover::Peer;
+use crate::http::body::{self, Body, BoxError};
 use crate::store::{Acquired, Store};
 
 pub mod versions;

@@ -25,7 +25,7 @@ use spinlink_tls::config::{provider, root_store};
 use spinlink_tls::reload::ReloadingClientCert;
 
 use crate::config::PeerTlsConfig;
-use crate::facade::body::BoxError;
+use crate::http::body::BoxError;
 use crate::tunnel::gateways::{Listed, listed};
 
 /// How long connecting to a peer may take: an unreachable pod address

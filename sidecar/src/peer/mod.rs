@@ -40,8 +40,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PeerTlsConfig;
 use crate::facade::Facade;
-use crate::facade::body::{self, Body};
 use crate::handover::{self, Handover};
+use crate::http::body::{self, Body};
 use crate::metrics::Metrics;
 use crate::ownership::FORWARDED_HEADER;
 use crate::tunnel::gateways::{Listed, listed};
@@ -173,7 +173,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let service = Arc::new(service);
-    crate::facade::serve_with(
+    crate::http::serve::serve_with(
         listener,
         "peer",
         move |tcp: TcpStream, addr: SocketAddr| {
