@@ -141,7 +141,7 @@ impl Facade {
             });
             self.metrics
                 .openapi_cache(self.openapi.bytes(), self.openapi.documents());
-            return body::text(self.metrics.render(&self.accounts));
+            return body::text(self.metrics.render(&self.accounts.gauges()));
         }
         if let Some(armory) = &self.armory
             && crate::dynamic::armory::serves(req.method(), &path)

@@ -131,7 +131,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
         None
     );
 
-    let text = metrics.render(&new);
+    let text = metrics.render(&new.gauges());
     for line in [
         "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"\"} 1",
         "spinlink_sidecar_handovers_total{outcome=\"cold\",reason=\"refused\"} 1",
@@ -346,7 +346,7 @@ async fn a_cache_held_here_is_resumed_when_current_and_replaced_when_the_store_s
         assert_eq!(prod.highest_seq(), Some(30));
     }
 
-    let text = metrics.render(&here);
+    let text = metrics.render(&here.gauges());
     for line in [
         "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"current\"} 2",
         "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"fresher\"} 1",

@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
         assert!(refused.message().contains("tunnel.tls.gatewayIdentities"));
         assert!(admit(Request::new(()), &metrics).is_err());
-        let text = metrics.render(&crate::Accounts::new());
+        let text = metrics.render(&[]);
         assert!(
             text.contains(r#"spinlink_sidecar_tunnel_refused_total{reason="not_gateway"} 1"#)
                 && text.contains(
