@@ -24,6 +24,7 @@ pub mod http;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;
+pub mod relay;
 pub mod store;
 pub mod tls_reload;
 pub mod tunnel;

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
 use crate::metrics::AccountGauges;
-use crate::tunnel::relay::{AgentTimes, RelayHandle};
+use crate::relay::{AgentTimes, RelayHandle};
 use journal::Journal;
 
 /// A clonable handle on the registry of accounts.

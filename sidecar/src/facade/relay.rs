@@ -29,7 +29,7 @@ use super::route::{Query, ResourcePath};
 use crate::accounts::{Account, Operation, Outcome};
 use crate::cache::KindKey;
 use crate::http::body::{self, Body, BoxError};
-use crate::tunnel::relay::RelayHandle;
+use crate::relay::RelayHandle;
 use spinlink_kube_api::{Status, protobuf};
 
 /// Request headers passed to the agent; everything else (Authorization,
