@@ -24,6 +24,7 @@ pub mod http;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;
+pub mod peer_client;
 pub mod relay;
 pub mod store;
 pub mod tls_reload;
@@ -99,7 +100,7 @@ struct Peer {
     listener: TcpListener,
     addr: SocketAddr,
     security: peer::Security,
-    client: peer::Client,
+    client: peer_client::Client,
 }
 
 /// A bound sidecar, ready to run.
@@ -173,14 +174,14 @@ impl Sidecar {
             let (security, client) = match &config.peer.tls {
                 Some(tls) => (
                     peer::Security::tls(tls).map_err(Error::PeerTls)?,
-                    peer::Client::tls(tls).map_err(Error::PeerTls)?,
+                    peer_client::Client::tls(tls).map_err(Error::PeerTls)?,
                 ),
                 None => {
                     tracing::warn!(
                         "peer.insecure: the peer port serves account caches and the agents' \
                          rights to ANY client in PLAINTEXT; never use this outside development"
                     );
-                    (peer::Security::Insecure, peer::Client::plaintext())
+                    (peer::Security::Insecure, peer_client::Client::plaintext())
                 }
             };
             let (listener, addr) = bind_listener("peer", config.peer.listen).await?;

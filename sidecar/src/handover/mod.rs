@@ -179,7 +179,7 @@ pub struct Settings {
     /// The largest snapshot accepted.
     pub max_bytes: u64,
     /// How snapshots are fetched: mutual TLS with `peer.tls`.
-    pub client: crate::peer::Client,
+    pub client: crate::peer_client::Client,
 }
 
 impl Default for Settings {
@@ -187,7 +187,7 @@ impl Default for Settings {
         Self {
             timeout: Duration::from_millis(crate::config::DEFAULT_HANDOVER_TIMEOUT_MILLIS),
             max_bytes: crate::config::DEFAULT_HANDOVER_MAX_BYTES,
-            client: crate::peer::Client::default(),
+            client: crate::peer_client::Client::default(),
         }
     }
 }

@@ -106,7 +106,7 @@ pub struct Ownership {
     lease: Duration,
     grace: Duration,
     owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
-    client: crate::peer::Client,
+    client: crate::peer_client::Client,
 }
 
 impl Ownership {
@@ -118,7 +118,7 @@ impl Ownership {
         store: Store,
         instance: &str,
         peer_url: Option<&str>,
-        client: crate::peer::Client,
+        client: crate::peer_client::Client,
         lease: Duration,
         grace: Duration,
     ) -> Arc<Self> {
@@ -521,7 +521,7 @@ impl Ownership {
         if let Ok(v) = HeaderValue::from_str(&self.instance) {
             parts.headers.insert(FORWARDED_HEADER, v);
         }
-        let body: crate::peer::client::PeerBody = body
+        let body: crate::peer_client::PeerBody = body
             .map_err(|e| -> BoxError { e.to_string().into() })
             .boxed_unsync();
         match self.client.request(Request::from_parts(parts, body)).await {
@@ -558,7 +558,7 @@ mod tests {
                 store.clone(),
                 id,
                 url,
-                crate::peer::Client::default(),
+                crate::peer_client::Client::default(),
                 Duration::from_secs(crate::config::DEFAULT_LEASE_SECS),
                 Duration::from_secs(600),
             )

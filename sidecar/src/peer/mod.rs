@@ -17,12 +17,10 @@
 //! certificate the CA signs — a gateway's, an agent's — gets a 403 naming
 //! the key for each request, before the facade or the handover sees it.
 //! Refusals are counted in `spinlink_sidecar_peer_refused_total{reason}`.
-//! The client side, [`client::Client`], presents this sidecar's certificate
-//! and checks the other's the same way.
+//! The client side, [`crate::peer_client::Client`], presents this sidecar's
+//! certificate and checks the other's the same way.
 //!
 //! Start with [`serve`].
-
-pub mod client;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -45,8 +43,6 @@ use crate::http::body::{self, Body};
 use crate::metrics::Metrics;
 use crate::ownership::FORWARDED_HEADER;
 use crate::tunnel::gateways::{Listed, listed};
-
-pub use client::Client;
 
 /// How long a TLS handshake on the peer port may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -223,6 +219,3 @@ pub async fn serve(
     )
     .await;
 }
-
-#[cfg(test)]
-mod tests;

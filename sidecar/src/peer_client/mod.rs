@@ -192,3 +192,6 @@ impl ServerCertVerifier for SidecarVerifier {
         self.webpki.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests;
