@@ -21,6 +21,7 @@ pub mod dynamic;
 pub mod facade;
 pub mod handover;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;

@@ -13,7 +13,7 @@
 //! with `peer.tls` the port requires a client certificate chaining to
 //! `peer.tls.caFile` (refused at the handshake otherwise) **and** naming one
 //! of `peer.tls.peerIdentities`, read as the tunnel reads gateways'
-//! ([`crate::tunnel::gateways::listed`]); a connection from any other
+//! ([`crate::identity::listed`]); a connection from any other
 //! certificate the CA signs — a gateway's, an agent's — gets a 403 naming
 //! the key for each request, before the facade or the handover sees it.
 //! Refusals are counted in `spinlink_sidecar_peer_refused_total{reason}`.
@@ -40,9 +40,9 @@ use crate::config::PeerTlsConfig;
 use crate::facade::Facade;
 use crate::handover::{self, Handover};
 use crate::http::body::{self, Body};
+use crate::identity::{Listed, listed};
 use crate::metrics::Metrics;
 use crate::ownership::FORWARDED_HEADER;
-use crate::tunnel::gateways::{Listed, listed};
 
 /// How long a TLS handshake on the peer port may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -26,7 +26,7 @@ use spinlink_tls::reload::ReloadingClientCert;
 
 use crate::config::PeerTlsConfig;
 use crate::http::body::BoxError;
-use crate::tunnel::gateways::{Listed, listed};
+use crate::identity::{Listed, listed};
 
 /// How long connecting to a peer may take: an unreachable pod address
 /// otherwise waits out the kernel's SYN retries, minutes.
