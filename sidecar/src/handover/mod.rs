@@ -51,7 +51,7 @@ use crate::cache::KindKey;
 use crate::cache::snapshot::{self, Loaded, Reader};
 use crate::http::body::{self, Body, BoxError};
 use crate::metrics::Metrics;
-use crate::ownership::versions;
+use crate::ownership::{PreviousOwner, versions};
 use crate::store::{KindVersion, Store};
 
 /// The path prefix of snapshots.
@@ -61,15 +61,6 @@ pub const PATH_SUFFIX: &str = "/snapshot";
 /// How long a new owner waits before asking again for the snapshot of an
 /// account still online at the old owner.
 pub const CONFLICT_RETRY: Duration = Duration::from_millis(100);
-
-/// The sidecar an account was taken from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    /// Its instance id.
-    pub instance: String,
-    /// Where it serves snapshots, if it registered that.
-    pub url: Option<String>,
-}
 
 /// Why a handover was cold (the agent lists every kind).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +227,7 @@ impl Handover {
     pub async fn take_over(
         &self,
         account: &Account,
-        from: Option<&Peer>,
+        from: Option<&PreviousOwner>,
         store: &Store,
     ) -> Option<Outcome> {
         let started = tokio::time::Instant::now();
@@ -297,7 +288,7 @@ impl Handover {
 
     /// Fetches `from`'s snapshot of `account` within the timeout, asking
     /// again while it answers that the account is still online there.
-    async fn fetch_within(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+    async fn fetch_within(&self, account: &Account, from: &PreviousOwner) -> Result<Loaded, Cold> {
         let deadline = tokio::time::Instant::now() + self.settings.timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.fetch(account, from)).await {
@@ -314,7 +305,7 @@ impl Handover {
         }
     }
 
-    async fn fetch(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+    async fn fetch(&self, account: &Account, from: &PreviousOwner) -> Result<Loaded, Cold> {
         let base = from.url.as_deref().ok_or(Cold::NoAddress)?;
         let uri: Uri = format!(
             "{}{PATH_PREFIX}{}{PATH_SUFFIX}",

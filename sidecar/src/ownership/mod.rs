@@ -25,7 +25,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Accounts, Presence};
-use crate::handover::Peer;
 use crate::http::body::{self, Body, BoxError};
 use crate::store::{Acquired, Store};
 
@@ -36,6 +35,16 @@ pub mod versions;
 pub const FORWARDED_HEADER: &str = "spinlink-forwarded-by";
 /// How long a looked-up owner is remembered before asking the store again.
 pub const OWNER_CACHE: Duration = Duration::from_secs(1);
+
+/// The sidecar an account was taken from ([`Ownership::previous_owner`]),
+/// whose snapshot a new owner fetches ([`crate::handover`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviousOwner {
+    /// Its instance id.
+    pub instance: String,
+    /// Where it serves snapshots, if it registered that.
+    pub url: Option<String>,
+}
 
 /// Another sidecar instance that owns an account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +170,7 @@ impl Ownership {
     /// The other instance that held `account`'s lease last (expired,
     /// released or not), with where it serves snapshots: whom a new owner
     /// takes the account over from. Read before claiming, which replaces it.
-    pub async fn previous_owner(&self, account: &str) -> Option<Peer> {
+    pub async fn previous_owner(&self, account: &str) -> Option<PreviousOwner> {
         let lease = match self.store.lease(account).await {
             Ok(lease) => lease?,
             Err(e) => {
@@ -179,7 +188,7 @@ impl Ownership {
                 None
             }
         };
-        Some(Peer {
+        Some(PreviousOwner {
             instance: lease.owner,
             url,
         })
@@ -569,7 +578,7 @@ mod tests {
         assert!(s2.register().await);
         assert_eq!(s2.previous_owner("prod").await, None, "never owned");
         s1.claim("prod").await.unwrap();
-        let from_s1 = Some(Peer {
+        let from_s1 = Some(PreviousOwner {
             instance: "s1".into(),
             url: Some("https://s1:7011".into()),
         });
@@ -581,7 +590,7 @@ mod tests {
         s2.claim("prod").await.unwrap();
         assert_eq!(
             s1.previous_owner("prod").await,
-            Some(Peer {
+            Some(PreviousOwner {
                 instance: "s2".into(),
                 url: None
             })
