@@ -22,6 +22,7 @@ pub mod facade;
 pub mod handover;
 pub mod http;
 pub mod identity;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;
@@ -375,7 +376,7 @@ impl Sidecar {
             )
         });
         let lifecycle = tokio::spawn(
-            accounts::lifecycle::Lifecycle::new(
+            lifecycle::Lifecycle::new(
                 self.accounts.clone(),
                 Duration::from_secs(self.config.accounts.grace_period_seconds),
                 registrar,

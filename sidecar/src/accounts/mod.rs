@@ -2,13 +2,12 @@
 //! relay stream, whether it is online, stale (its agent went away; reads are
 //! served from the last cache during the grace period) or removed. The
 //! tunnel writes it, the facade and the accounts API ([`api`]) read it,
-//! [`lifecycle`] ends the grace period; relayed operations go to the
+//! [`crate::lifecycle`] ends the grace period; relayed operations go to the
 //! store's [`journal`]. Start with [`Accounts`].
 
 pub mod api;
 pub mod authz;
 pub mod journal;
-pub mod lifecycle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -30,7 +29,7 @@ use journal::Journal;
 #[derive(Debug, Clone)]
 pub struct Accounts {
     inner: Arc<RwLock<HashMap<String, Arc<Account>>>>,
-    /// Bumped on every change of an account's presence; [`lifecycle`] and
+    /// Bumped on every change of an account's presence; [`crate::lifecycle`] and
     /// the Clouddriver registration watch it (level-triggered: a watch, not a
     /// queue, so a slow reader never holds the tunnel up).
     changes: watch::Sender<u64>,
