@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounts;
+pub mod api;
 pub mod cache;
 pub mod clouddriver;
 pub mod config;

@@ -1,11 +1,10 @@
 //! The account registry: every account this sidecar has seen, its cache, its
 //! relay stream, whether it is online, stale (its agent went away; reads are
 //! served from the last cache during the grace period) or removed. The
-//! tunnel writes it, the facade and the accounts API ([`api`]) read it,
-//! [`crate::lifecycle`] ends the grace period; relayed operations go to the
-//! store's [`journal`]. Start with [`Accounts`].
+//! tunnel writes it, the facade and the accounts API ([`crate::api`]) read
+//! it, [`crate::lifecycle`] ends the grace period; relayed operations go to
+//! the store's [`journal`]. Start with [`Accounts`].
 
-pub mod api;
 pub mod authz;
 pub mod journal;
 

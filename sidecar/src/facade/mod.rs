@@ -1,6 +1,6 @@
 //! The Kubernetes API facade: plain HTTP/1.1 and HTTP/2 on loopback, one base
-//! path per account (`/accounts/<name>/...`) plus the accounts API
-//! (`/v1/accounts`). A request is answered, in this order, from the
+//! path per account (`/accounts/<name>/...`) plus the REST APIs of
+//! [`crate::api`] (`/v1/accounts`, `/armory/…`), which it routes to. A request is answered, in this order, from the
 //! discovery snapshot ([`read::discovery`]), from the OpenAPI documents
 //! fetched through earlier ([`openapi`]), from the cache
 //! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]) when
@@ -54,7 +54,7 @@ pub struct Facade {
     /// Dynamic accounts (`POST`/`DELETE /v1/accounts`…), when served.
     dynamic: Option<Arc<crate::dynamic::Dynamic>>,
     /// Armory's accounts API (`/armory/...`) over the same dynamic accounts.
-    armory: Option<Arc<crate::dynamic::armory::Armory>>,
+    armory: Option<Arc<crate::api::armory::Armory>>,
 }
 
 impl Facade {
@@ -110,9 +110,7 @@ impl Facade {
     /// from `dynamic`.
     #[must_use]
     pub fn with_dynamic(mut self, dynamic: Arc<crate::dynamic::Dynamic>) -> Self {
-        self.armory = Some(Arc::new(crate::dynamic::armory::Armory::new(
-            dynamic.clone(),
-        )));
+        self.armory = Some(Arc::new(crate::api::armory::Armory::new(dynamic.clone())));
         self.dynamic = Some(dynamic);
         self
     }
@@ -144,17 +142,17 @@ impl Facade {
             return body::text(self.metrics.render(&self.accounts.gauges()));
         }
         if let Some(armory) = &self.armory
-            && crate::dynamic::armory::serves(req.method(), &path)
+            && crate::api::armory::serves(req.method(), &path)
         {
-            return crate::dynamic::armory::handle(armory, self.ownership.as_deref(), req).await;
+            return crate::api::armory::handle(armory, self.ownership.as_deref(), req).await;
         }
         if let Some(dynamic) = &self.dynamic
-            && crate::dynamic::api::serves(req.method(), &path)
+            && crate::api::dynamic::serves(req.method(), &path)
         {
-            return crate::dynamic::api::handle(dynamic, req).await;
+            return crate::api::dynamic::handle(dynamic, req).await;
         }
-        if accounts::api::owns(&path) {
-            return accounts::api::handle(&self.accounts, req.method(), &path).await;
+        if crate::api::accounts::owns(&path) {
+            return crate::api::accounts::handle(&self.accounts, req.method(), &path).await;
         }
         let Some((name, k8s_path)) = route::split_account(&path) else {
             return body::status(&Status::not_found_message(format!(
