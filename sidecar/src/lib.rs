@@ -5,12 +5,21 @@
 //!
 //! Start with [`Sidecar`]: [`Sidecar::bind`] then [`Sidecar::run`]. A request
 //! flows through [`tunnel`] (streams in) → [`accounts`] / [`cache`] (state) →
-//! [`facade`] (Kubernetes API out); [`dynamic`] holds the accounts created
-//! through the API and hands them to agents; [`store`] records accounts in SQLite;
-//! [`accounts::lifecycle`] ends grace periods and drives [`clouddriver`]
-//! registration; [`ownership`] decides which sidecar serves an account and
-//! [`handover`] moves its cache to the next one on a planned move, both
-//! between sidecars over the [`peer`] port.
+//! [`facade`] (Kubernetes API out, relayed through [`relay`]); [`dynamic`]
+//! holds the accounts created through the REST [`api`] and hands them to
+//! agents; [`store`] records accounts in SQLite or PostgreSQL; [`lifecycle`]
+//! ends grace periods and drives [`clouddriver`] registration; [`ownership`]
+//! decides which sidecar serves an account and [`handover`] moves its cache
+//! to the next one on a planned move, both between sidecars over the
+//! [`peer`] port ([`peer_client`] on the calling side).
+//!
+//! The modules depend on each other in one direction: the leaves
+//! ([`config`], [`http`](crate::http), [`metrics`], [`store`], [`cache`],
+//! [`relay`], [`identity`]) on none of the others; [`accounts`] on leaves;
+//! the components ([`tls_reload`], [`peer_client`], [`ownership`],
+//! [`handover`], [`clouddriver`], [`lifecycle`], [`dynamic`], [`tunnel`]) on
+//! what is below them; the serving modules ([`api`], [`facade`], [`peer`]) on
+//! components; this file wires them.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
