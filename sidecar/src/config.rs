@@ -183,7 +183,7 @@ pub struct TlsConfig {
     pub client_ca_file: PathBuf,
     /// The identities of the gateways' client certificates, exactly: a URI
     /// SAN (`spiffe://spinlink/gateway/spinlink`) or, for a certificate
-    /// without one, a DNS SAN, read as [`crate::tunnel::gateways`] says.
+    /// without one, a DNS SAN, read as [`crate::identity`] says.
     /// Every other certificate `clientCaFile` signs — an agent's — is
     /// refused. Required: there is no safe default.
     pub gateway_identities: Vec<String>,
