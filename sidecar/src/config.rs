@@ -51,6 +51,17 @@ pub const DEFAULT_RECHECK_SECS: u64 = 300;
 /// says why it is not (`clouddriver.liveTimeoutSeconds`): a few of the
 /// credentials poller's usual intervals.
 pub const DEFAULT_LIVE_TIMEOUT_SECS: u64 = 300;
+/// Default `ownership.leaseSeconds`: how long an account's lease lasts
+/// unless renewed.
+pub const DEFAULT_LEASE_SECS: u64 = 15;
+/// Default `ownership.handoverTimeoutMillis`: below the agents' default
+/// wait for `ResumeFrom` (5 s), so a slow fetch still ends in a list, not
+/// in an agent that stopped waiting.
+pub const DEFAULT_HANDOVER_TIMEOUT_MILLIS: u64 = 3_000;
+/// Default `ownership.handoverDrainSeconds`.
+pub const DEFAULT_HANDOVER_DRAIN_SECS: u64 = 5;
+/// Default `ownership.handoverMaxBytes`.
+pub const DEFAULT_HANDOVER_MAX_BYTES: u64 = 1 << 30;
 
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +183,7 @@ pub struct TlsConfig {
     pub client_ca_file: PathBuf,
     /// The identities of the gateways' client certificates, exactly: a URI
     /// SAN (`spiffe://spinlink/gateway/spinlink`) or, for a certificate
-    /// without one, a DNS SAN, read as [`crate::tunnel::gateways`] says.
+    /// without one, a DNS SAN, read as [`crate::identity`] says.
     /// Every other certificate `clientCaFile` signs — an agent's — is
     /// refused. Required: there is no safe default.
     pub gateway_identities: Vec<String>,
@@ -234,10 +245,10 @@ pub struct OwnershipConfig {
 impl Default for OwnershipConfig {
     fn default() -> Self {
         Self {
-            lease_seconds: crate::ownership::DEFAULT_LEASE.as_secs(),
-            handover_timeout_millis: crate::handover::DEFAULT_TIMEOUT_MILLIS,
-            handover_drain_seconds: crate::handover::DEFAULT_DRAIN_SECONDS,
-            handover_max_bytes: crate::handover::DEFAULT_MAX_BYTES,
+            lease_seconds: DEFAULT_LEASE_SECS,
+            handover_timeout_millis: DEFAULT_HANDOVER_TIMEOUT_MILLIS,
+            handover_drain_seconds: DEFAULT_HANDOVER_DRAIN_SECS,
+            handover_max_bytes: DEFAULT_HANDOVER_MAX_BYTES,
         }
     }
 }
@@ -350,6 +361,12 @@ impl StoreConfig {
     /// file is shared only by processes on one host.
     pub fn networked(&self) -> bool {
         self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")
+    }
+
+    /// Whether the URL names an engine the store supports: SQLite or
+    /// PostgreSQL.
+    pub fn supported(&self) -> bool {
+        self.url.starts_with("sqlite:") || self.networked()
     }
 }
 
@@ -757,7 +774,7 @@ impl Config {
                 }
             }
         }
-        if !crate::store::supported(&self.store.url) {
+        if !self.store.supported() {
             return Err(invalid("store.url", "must be a sqlite: or postgres:// URL"));
         }
         Ok(())

@@ -5,24 +5,39 @@
 //!
 //! Start with [`Sidecar`]: [`Sidecar::bind`] then [`Sidecar::run`]. A request
 //! flows through [`tunnel`] (streams in) → [`accounts`] / [`cache`] (state) →
-//! [`facade`] (Kubernetes API out); [`dynamic`] holds the accounts created
-//! through the API and hands them to agents; [`store`] records accounts in SQLite;
-//! [`accounts::lifecycle`] ends grace periods and drives [`clouddriver`]
-//! registration; [`ownership`] decides which sidecar serves an account and
-//! [`handover`] moves its cache to the next one on a planned move, both
-//! between sidecars over the [`peer`] port.
+//! [`facade`] (Kubernetes API out, relayed through [`relay`]); [`dynamic`]
+//! holds the accounts created through the REST [`api`] and hands them to
+//! agents; [`store`] records accounts in SQLite or PostgreSQL; [`lifecycle`]
+//! ends grace periods and drives [`clouddriver`] registration; [`ownership`]
+//! decides which sidecar serves an account and [`handover`] moves its cache
+//! to the next one on a planned move, both between sidecars over the
+//! [`peer`] port ([`peer_client`] on the calling side).
+//!
+//! The modules depend on each other in one direction: the leaves
+//! ([`config`], [`http`](crate::http), [`metrics`], [`store`], [`cache`],
+//! [`relay`], [`identity`]) on none of the others; [`accounts`] on leaves;
+//! the components ([`tls_reload`], [`peer_client`], [`ownership`],
+//! [`handover`], [`clouddriver`], [`lifecycle`], [`dynamic`], [`tunnel`]) on
+//! what is below them; the serving modules ([`api`], [`facade`], [`peer`]) on
+//! components; this file wires them.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
+pub mod api;
 pub mod cache;
 pub mod clouddriver;
 pub mod config;
 pub mod dynamic;
 pub mod facade;
 pub mod handover;
+pub mod http;
+pub mod identity;
+pub mod lifecycle;
 pub mod metrics;
 pub mod ownership;
 pub mod peer;
+pub mod peer_client;
+pub mod relay;
 pub mod store;
 pub mod tls_reload;
 pub mod tunnel;
@@ -97,7 +112,7 @@ struct Peer {
     listener: TcpListener,
     addr: SocketAddr,
     security: peer::Security,
-    client: peer::Client,
+    client: peer_client::Client,
 }
 
 /// A bound sidecar, ready to run.
@@ -171,14 +186,14 @@ impl Sidecar {
             let (security, client) = match &config.peer.tls {
                 Some(tls) => (
                     peer::Security::tls(tls).map_err(Error::PeerTls)?,
-                    peer::Client::tls(tls).map_err(Error::PeerTls)?,
+                    peer_client::Client::tls(tls).map_err(Error::PeerTls)?,
                 ),
                 None => {
                     tracing::warn!(
                         "peer.insecure: the peer port serves account caches and the agents' \
                          rights to ANY client in PLAINTEXT; never use this outside development"
                     );
-                    (peer::Security::Insecure, peer::Client::plaintext())
+                    (peer::Security::Insecure, peer_client::Client::plaintext())
                 }
             };
             let (listener, addr) = bind_listener("peer", config.peer.listen).await?;
@@ -371,7 +386,7 @@ impl Sidecar {
             )
         });
         let lifecycle = tokio::spawn(
-            accounts::lifecycle::Lifecycle::new(
+            lifecycle::Lifecycle::new(
                 self.accounts.clone(),
                 Duration::from_secs(self.config.accounts.grace_period_seconds),
                 registrar,
@@ -414,7 +429,7 @@ impl Sidecar {
         let metrics_server = self.metrics_listener.map(|(listener, addr)| {
             tracing::info!(metrics = %addr, "metrics listening");
             let facade = facade_impl.clone();
-            tokio::spawn(facade::serve_http(
+            tokio::spawn(crate::http::serve::serve_http(
                 listener,
                 "metrics",
                 move |req| {
@@ -423,9 +438,11 @@ impl Sidecar {
                         if req.uri().path() == "/metrics" {
                             facade.handle(req).await
                         } else {
-                            facade::body::status(&spinlink_kube_api::Status::not_found_message(
-                                "only /metrics is served here",
-                            ))
+                            crate::http::body::status(
+                                &spinlink_kube_api::Status::not_found_message(
+                                    "only /metrics is served here",
+                                ),
+                            )
                         }
                     }
                 },

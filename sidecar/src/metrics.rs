@@ -2,8 +2,9 @@
 //! `/metrics` on the facade port beside the accounts API. Counters and the
 //! relay latency histogram are updated where things happen (facade,
 //! Clouddriver registration); per-account gauges (objects, cache bytes,
-//! state) are computed from the registry at scrape time, so a removed
-//! account's series disappear with it. Start with [`Metrics`].
+//! state) are set from the [`AccountGauges`] handed to [`Metrics::render`]
+//! at scrape time, so a removed account's series disappear with it. It
+//! knows nothing of the accounts registry. Start with [`Metrics`].
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -15,9 +16,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::accounts::{Accounts, Presence};
-
 type Labels = Vec<(String, String)>;
+
+/// The `state` labels of `account_state`, one of which is 1 per account.
+pub const ACCOUNT_STATES: [&str; 3] = ["online", "stale", "removed"];
+
+/// One account's gauges as they stand at scrape time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountGauges {
+    /// The account's name.
+    pub name: String,
+    /// Objects cached.
+    pub objects: usize,
+    /// Approximate bytes of the cached objects (their JSON encoding).
+    pub cache_bytes: usize,
+    /// Whether its agent reaches the cluster's API server.
+    pub api_server_reachable: bool,
+    /// One of [`ACCOUNT_STATES`].
+    pub state: &'static str,
+}
 
 /// Where a facade request was answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,53 +372,35 @@ impl Metrics {
             .inc();
     }
 
-    /// The text exposition, with per-account gauges computed from `accounts`.
-    pub fn render(&self, accounts: &Accounts) -> String {
+    /// The text exposition, with the per-account gauges of `accounts`
+    /// (accounts not listed have none).
+    pub fn render(&self, accounts: &[AccountGauges]) -> String {
         let inner = &self.inner;
         inner.objects.clear();
         inner.api_server_reachable.clear();
         inner.cache_bytes.clear();
         inner.state.clear();
-        for account in accounts.all() {
-            // Deleted (a dynamic account withdrawn) and gone: not an
-            // account any more, rather than one whose agent is missing.
-            if account.withdrawn() && account.presence() == Presence::Removed {
-                continue;
-            }
-            let label = vec![("account".to_owned(), account.name().to_owned())];
-            let (objects, bytes) = {
-                let cache = account.read_cache();
-                let mut bytes = 0usize;
-                let mut objects = 0usize;
-                for kind in cache.kinds() {
-                    for entry in kind.objects.values() {
-                        objects += 1;
-                        bytes += entry.json().len();
-                    }
-                }
-                (objects, bytes)
-            };
+        for account in accounts {
+            let label = vec![("account".to_owned(), account.name.clone())];
             inner
                 .objects
                 .get_or_create(&label)
-                .set(i64::try_from(objects).unwrap_or(i64::MAX));
+                .set(i64::try_from(account.objects).unwrap_or(i64::MAX));
             inner
                 .cache_bytes
                 .get_or_create(&label)
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                .set(i64::try_from(account.cache_bytes).unwrap_or(i64::MAX));
             inner
                 .api_server_reachable
                 .get_or_create(&label)
-                .set(i64::from(account.api_down().is_none()));
-            let presence = account.presence();
-            for (name, p) in [
-                ("online", Presence::Online),
-                ("stale", Presence::Stale),
-                ("removed", Presence::Removed),
-            ] {
+                .set(i64::from(account.api_server_reachable));
+            for name in ACCOUNT_STATES {
                 let mut l = label.clone();
                 l.push(("state".to_owned(), name.to_owned()));
-                inner.state.get_or_create(&l).set(i64::from(presence == p));
+                inner
+                    .state
+                    .get_or_create(&l)
+                    .set(i64::from(account.state == name));
             }
         }
         let mut out = String::new();
@@ -433,8 +432,13 @@ mod tests {
     #[test]
     fn render_has_counters_gauges_and_histogram() {
         let m = Metrics::new();
-        let accounts = Accounts::new();
-        accounts.get_or_create("prod").cache_opened("id");
+        let mut accounts = vec![AccountGauges {
+            name: "prod".into(),
+            objects: 0,
+            cache_bytes: 0,
+            api_server_reachable: true,
+            state: "online",
+        }];
         m.request("prod", "list", Source::Cache);
         m.request("prod", "list", Source::Cache);
         m.request("prod", "create", Source::Relay);
@@ -463,21 +467,26 @@ mod tests {
             "{text}"
         );
         assert_eq!(verb(&http::Method::GET, false, true), "watch");
-        // An account deleted while offline exports nothing; one merely
-        // gone past its grace period is shown removed.
-        for name in ["gone", "deleted"] {
-            let a = accounts.get_or_create(name);
-            a.cache_opened("id");
-            a.cache_closed();
-            assert!(a.remove_if_offline());
-        }
-        accounts.get_or_create("deleted").withdraw();
+        accounts.push(AccountGauges {
+            name: "gone".into(),
+            objects: 3,
+            cache_bytes: 120,
+            api_server_reachable: false,
+            state: "removed",
+        });
         let text = m.render(&accounts);
-        assert!(
-            text.contains(r#"spinlink_sidecar_account_state{account="gone",state="removed"} 1"#),
-            "{text}"
-        );
-        assert!(!text.contains(r#"account="deleted""#), "{text}");
+        for line in [
+            r#"spinlink_sidecar_account_state{account="gone",state="removed"} 1"#,
+            r#"spinlink_sidecar_account_state{account="gone",state="online"} 0"#,
+            r#"spinlink_sidecar_cache_objects{account="gone"} 3"#,
+            r#"spinlink_sidecar_cache_bytes{account="gone"} 120"#,
+            r#"spinlink_sidecar_api_server_reachable{account="gone"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        // An account no longer listed loses its series.
+        let text = m.render(&accounts[..1]);
+        assert!(!text.contains(r#"account="gone""#), "{text}");
         let open = m.cache_watch_opened("prod");
         m.cache_watch_expired("prod");
         let text = m.render(&accounts);

@@ -19,7 +19,7 @@ use spinlink_proto::v1::{self, cache_up, relay_down};
 use spinlink_sidecar::Accounts;
 use spinlink_sidecar::cache::Cache;
 use spinlink_sidecar::facade::Facade;
-use spinlink_sidecar::facade::body::Body;
+use spinlink_sidecar::http::body::Body;
 
 fn pod(ns: &str, name: &str, rv: &str, labels: Value) -> Value {
     json!({

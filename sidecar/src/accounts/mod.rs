@@ -1,14 +1,12 @@
 //! The account registry: every account this sidecar has seen, its cache, its
 //! relay stream, whether it is online, stale (its agent went away; reads are
 //! served from the last cache during the grace period) or removed. The
-//! tunnel writes it, the facade and the accounts API ([`api`]) read it,
-//! [`lifecycle`] ends the grace period; relayed operations go to the
-//! store's [`journal`]. Start with [`Accounts`].
+//! tunnel writes it, the facade and the accounts API ([`crate::api`]) read
+//! it, [`crate::lifecycle`] ends the grace period; relayed operations go to
+//! the store's [`journal`]. Start with [`Accounts`].
 
-pub mod api;
 pub mod authz;
 pub mod journal;
-pub mod lifecycle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -22,14 +20,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
-use crate::tunnel::relay::{AgentTimes, RelayHandle};
+use crate::metrics::AccountGauges;
+use crate::relay::{AgentTimes, RelayHandle};
 use journal::Journal;
 
 /// A clonable handle on the registry of accounts.
 #[derive(Debug, Clone)]
 pub struct Accounts {
     inner: Arc<RwLock<HashMap<String, Arc<Account>>>>,
-    /// Bumped on every change of an account's presence; [`lifecycle`] and
+    /// Bumped on every change of an account's presence; [`crate::lifecycle`] and
     /// the Clouddriver registration watch it (level-triggered: a watch, not a
     /// queue, so a slow reader never holds the tunnel up).
     changes: watch::Sender<u64>,
@@ -993,6 +992,41 @@ impl Accounts {
         accounts
     }
 
+    /// Every account's gauges for a scrape of the metrics, by name. An
+    /// account deleted (a dynamic account withdrawn) and gone has none: it
+    /// is not an account any more, rather than one whose agent is missing.
+    pub fn gauges(&self) -> Vec<AccountGauges> {
+        self.all()
+            .iter()
+            .filter(|a| !(a.withdrawn() && a.presence() == Presence::Removed))
+            .map(|account| {
+                let (objects, cache_bytes) = {
+                    let cache = account.read_cache();
+                    let mut bytes = 0usize;
+                    let mut objects = 0usize;
+                    for kind in cache.kinds() {
+                        for entry in kind.objects.values() {
+                            objects += 1;
+                            bytes += entry.json().len();
+                        }
+                    }
+                    (objects, bytes)
+                };
+                AccountGauges {
+                    name: account.name().to_owned(),
+                    objects,
+                    cache_bytes,
+                    api_server_reachable: account.api_down().is_none(),
+                    state: match account.presence() {
+                        Presence::Online => "online",
+                        Presence::Stale => "stale",
+                        Presence::Removed => "removed",
+                    },
+                }
+            })
+            .collect()
+    }
+
     /// The status of every account, by name.
     pub fn list(&self) -> Vec<AccountStatus> {
         self.all().iter().map(|a| self.owned(a.status())).collect()
@@ -1086,6 +1120,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::time::Duration;
+
+    #[test]
+    fn gauges_leave_out_deleted_accounts_only() {
+        let accounts = Accounts::new();
+        accounts.get_or_create("prod").cache_opened("id");
+        // An account deleted while offline has no gauges; one merely gone
+        // past its grace period is shown removed.
+        for name in ["gone", "deleted"] {
+            let a = accounts.get_or_create(name);
+            a.cache_opened("id");
+            a.cache_closed();
+            assert!(a.remove_if_offline());
+        }
+        accounts.get_or_create("deleted").withdraw();
+        let gauges = accounts.gauges();
+        let states: Vec<(&str, &str)> = gauges.iter().map(|g| (g.name.as_str(), g.state)).collect();
+        assert_eq!(states, [("gone", "removed"), ("prod", "online")]);
+        assert!(gauges.iter().all(|g| g.objects == 0 && g.cache_bytes == 0));
+        assert!(gauges.iter().all(|g| g.api_server_reachable));
+    }
 
     #[test]
     fn the_last_applied_event_is_shown_once_there_is_one() {

@@ -2,8 +2,9 @@
 //! (`POST /v1/accounts` with a kubeconfig, `DELETE /v1/accounts/{name}`,
 //! `POST /v1/accounts/{name}/migrate` from Clouddriver) and handed to one
 //! agent of their zone over its `Assignments` stream
-//! ([`crate::tunnel::assignments`]). Start with [`Dynamic`]; [`armory`]
-//! serves the same accounts through the Armory Scale Agent's REST paths.
+//! ([`crate::tunnel::assignments`]). Start with [`Dynamic`]; its REST API
+//! is [`crate::api::dynamic`], and [`crate::api::armory`] serves the same
+//! accounts through the Armory Scale Agent's REST paths.
 //!
 //! The kubeconfig is checked ([`kubeconfig`]), its cluster's CA fingerprint
 //! claimed for the name (an account name held for another cluster is
@@ -11,8 +12,6 @@
 //! store; without a key nothing is stored. Kubeconfigs never reach logs,
 //! errors or the API's answers.
 
-pub mod api;
-pub mod armory;
 pub mod crypto;
 pub mod kubeconfig;
 
@@ -41,7 +40,7 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_NAME_LEN: usize = 253;
 
 /// Why a dynamic account request failed; each maps to one HTTP status in
-/// [`api`]. Messages never quote a kubeconfig.
+/// [`crate::api::dynamic`]. Messages never quote a kubeconfig.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No `accounts.encryptionKeyFile`: nothing may be stored (503).
@@ -460,10 +459,7 @@ const MAX_KUBECONFIG_FILE: u64 = 1 << 20;
 
 /// The kubeconfig of Clouddriver's definition of `name`: its
 /// `kubeconfigContents`, else the file `kubeconfigFile` names, read here.
-pub(crate) async fn stored_kubeconfig(
-    name: &str,
-    definition: &serde_json::Value,
-) -> Result<String> {
+pub async fn stored_kubeconfig(name: &str, definition: &serde_json::Value) -> Result<String> {
     let field = |key: &str| {
         definition
             .get(key)
@@ -553,7 +549,7 @@ async fn get_json(
 
 /// Names travel in HTTP/2 headers and facade paths: DNS-label characters
 /// and dots only.
-fn check_name(name: &str) -> Result<()> {
+pub fn check_name(name: &str) -> Result<()> {
     if valid_label(name, MAX_NAME_LEN) {
         Ok(())
     } else {

@@ -1,6 +1,6 @@
 //! The Kubernetes API facade: plain HTTP/1.1 and HTTP/2 on loopback, one base
-//! path per account (`/accounts/<name>/...`) plus the accounts API
-//! (`/v1/accounts`). A request is answered, in this order, from the
+//! path per account (`/accounts/<name>/...`) plus the REST APIs of
+//! [`crate::api`] (`/v1/accounts`, `/armory/…`), which it routes to. A request is answered, in this order, from the
 //! discovery snapshot ([`read::discovery`]), from the OpenAPI documents
 //! fetched through earlier ([`openapi`]), from the cache
 //! ([`route::from_cache`], [`read::resource`]; watches [`watch::serve`]) when
@@ -8,7 +8,7 @@
 //! ([`authz`]), or relayed live to the agent ([`relay`]); a relayed OpenAPI
 //! `200` is kept.
 //! Every error is a `metav1.Status` from `spinlink-kube-api`, answered by
-//! [`body::status`].
+//! [`crate::http::body::status`].
 //!
 //! While an account is stale (its agent went away, the grace period runs),
 //! reads the cache can answer are served with a `Warning` header saying how
@@ -17,7 +17,6 @@
 //! Prometheus metrics.
 
 pub mod authz;
-pub mod body;
 pub mod openapi;
 pub mod printer;
 pub mod read;
@@ -25,20 +24,17 @@ pub mod relay;
 pub mod route;
 pub mod watch;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, header};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{self, Account, Accounts, Presence};
+use crate::http::body::{self, Body};
 use crate::metrics::{self, Metrics, Source};
 use crate::ownership::{self, Ownership};
-use body::Body;
 use route::{Query, ResourcePath};
 use spinlink_kube_api::Status;
 
@@ -58,7 +54,7 @@ pub struct Facade {
     /// Dynamic accounts (`POST`/`DELETE /v1/accounts`…), when served.
     dynamic: Option<Arc<crate::dynamic::Dynamic>>,
     /// Armory's accounts API (`/armory/...`) over the same dynamic accounts.
-    armory: Option<Arc<crate::dynamic::armory::Armory>>,
+    armory: Option<Arc<crate::api::armory::Armory>>,
 }
 
 impl Facade {
@@ -114,9 +110,7 @@ impl Facade {
     /// from `dynamic`.
     #[must_use]
     pub fn with_dynamic(mut self, dynamic: Arc<crate::dynamic::Dynamic>) -> Self {
-        self.armory = Some(Arc::new(crate::dynamic::armory::Armory::new(
-            dynamic.clone(),
-        )));
+        self.armory = Some(Arc::new(crate::api::armory::Armory::new(dynamic.clone())));
         self.dynamic = Some(dynamic);
         self
     }
@@ -145,20 +139,20 @@ impl Facade {
             });
             self.metrics
                 .openapi_cache(self.openapi.bytes(), self.openapi.documents());
-            return body::text(self.metrics.render(&self.accounts));
+            return body::text(self.metrics.render(&self.accounts.gauges()));
         }
         if let Some(armory) = &self.armory
-            && crate::dynamic::armory::serves(req.method(), &path)
+            && crate::api::armory::serves(req.method(), &path)
         {
-            return crate::dynamic::armory::handle(armory, self.ownership.as_deref(), req).await;
+            return crate::api::armory::handle(armory, self.ownership.as_deref(), req).await;
         }
         if let Some(dynamic) = &self.dynamic
-            && crate::dynamic::api::serves(req.method(), &path)
+            && crate::api::dynamic::serves(req.method(), &path)
         {
-            return crate::dynamic::api::handle(dynamic, req).await;
+            return crate::api::dynamic::handle(dynamic, req).await;
         }
-        if accounts::api::owns(&path) {
-            return accounts::api::handle(&self.accounts, req.method(), &path).await;
+        if crate::api::accounts::owns(&path) {
+            return crate::api::accounts::handle(&self.accounts, req.method(), &path).await;
         }
         let Some((name, k8s_path)) = route::split_account(&path) else {
             return body::status(&Status::not_found_message(format!(
@@ -363,7 +357,7 @@ fn warn_stale(account: &Account, offline: bool, resp: &mut Response<Body>) {
 /// connections finish for [`DEFAULT_DRAIN_GRACE`]. The peer port
 /// ([`crate::peer`]) answers forwarded requests with the same `facade`.
 pub async fn serve(listener: TcpListener, facade: Arc<Facade>, shutdown: CancellationToken) {
-    serve_http(
+    crate::http::serve::serve_http(
         listener,
         "facade",
         move |req| {
@@ -374,102 +368,4 @@ pub async fn serve(listener: TcpListener, facade: Arc<Facade>, shutdown: Cancell
         DEFAULT_DRAIN_GRACE,
     )
     .await;
-}
-
-/// Serves HTTP/1.1 and h2c on `listener` with `handle` until `shutdown`, as
-/// [`serve_with`] says.
-pub async fn serve_http<F, Fut>(
-    listener: TcpListener,
-    what: &'static str,
-    handle: F,
-    shutdown: CancellationToken,
-    grace: Duration,
-) where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    serve_with(
-        listener,
-        what,
-        move |tcp, _| {
-            let handle = handle.clone();
-            async move { Some((tcp, handle)) }
-        },
-        shutdown,
-        grace,
-    )
-    .await;
-}
-
-/// Serves HTTP/1.1 and HTTP/2 on `listener` until `shutdown`; then refuses
-/// new connections at once (rather than leave them queued in the backlog
-/// until the process exits, so a load balancer or Service sends them to
-/// another instance) and gives each open one `grace` to finish. `accept`
-/// turns each connection (TCP_NODELAY set) into the stream to speak HTTP on
-/// and the handler of its requests — a TLS handshake and the peer it
-/// names, on the peer port — or refuses it (`None`); it runs in the
-/// connection's own task, so a slow handshake holds no other up. `what`
-/// names the listener in logs.
-pub async fn serve_with<A, AFut, Io, F, Fut>(
-    listener: TcpListener,
-    what: &'static str,
-    accept: A,
-    shutdown: CancellationToken,
-    grace: Duration,
-) where
-    A: Fn(tokio::net::TcpStream, std::net::SocketAddr) -> AFut + Send + 'static,
-    AFut: std::future::Future<Output = Option<(Io, F)>> + Send + 'static,
-    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            r = listener.accept() => match r {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(listener = what, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-        let accepted = accept(tcp, peer);
-        let stop = shutdown.clone();
-        conns.spawn(async move {
-            let Some((io, handle)) = accepted.await else {
-                return;
-            };
-            let handle = Arc::new(handle);
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let answer = handle(req);
-                async move { Ok::<_, Infallible>(answer.await) }
-            });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(io), service);
-            let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(grace, conn.as_mut()).await {
-                        Ok(r) => r,
-                        Err(_) => Ok(()),
-                    }
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(listener = what, %peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    // Each connection task bounds its own drain.
-    while conns.join_next().await.is_some() {}
 }

@@ -34,9 +34,9 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
 
-use super::body::{Body, BoxError, full};
 use super::route::Query;
 use crate::accounts::Account;
+use crate::http::body::{Body, BoxError, full};
 
 /// A SHA-256 digest.
 pub type Digest = [u8; 32];

@@ -10,10 +10,10 @@ use http::{Response, StatusCode, header};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::body::{self, Body, full};
 use super::printer;
 use super::route::{Query, ResourcePath};
 use crate::accounts::Account;
+use crate::http::body::{self, Body, full};
 use spinlink_kube_api::table::{self, IncludeObject};
 use spinlink_kube_api::{Resource, Selectors, Status};
 

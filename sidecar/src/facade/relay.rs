@@ -25,11 +25,11 @@ use http_body_util::BodyExt;
 use spinlink_proto::v1::{self, relay_down};
 use tokio::sync::mpsc;
 
-use super::body::{self, Body, BoxError};
 use super::route::{Query, ResourcePath};
 use crate::accounts::{Account, Operation, Outcome};
 use crate::cache::KindKey;
-use crate::tunnel::relay::RelayHandle;
+use crate::http::body::{self, Body, BoxError};
+use crate::relay::RelayHandle;
 use spinlink_kube_api::{Status, protobuf};
 
 /// Request headers passed to the agent; everything else (Authorization,

@@ -32,12 +32,12 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::body::{self, Body, BoxError};
 use super::printer::{self, Printer};
 use super::route::{Query, ResourcePath};
 use crate::accounts::Account;
 use crate::cache::history::{Change, ChangeType, Expired};
 use crate::cache::{Entry, KindKey, ObjectKey, WatchStart};
+use crate::http::body::{self, Body, BoxError};
 use crate::metrics::Metrics;
 use spinlink_kube_api::table::{self, IncludeObject};
 use spinlink_kube_api::{Resource, Selectors, Status};

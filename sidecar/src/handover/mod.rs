@@ -49,19 +49,11 @@ use tokio::sync::watch;
 use crate::accounts::{Account, Accounts, Presence};
 use crate::cache::KindKey;
 use crate::cache::snapshot::{self, Loaded, Reader};
-use crate::facade::body::{self, Body, BoxError};
+use crate::http::body::{self, Body, BoxError};
 use crate::metrics::Metrics;
-use crate::ownership::versions;
+use crate::ownership::{PreviousOwner, versions};
 use crate::store::{KindVersion, Store};
 
-/// Default `ownership.handoverTimeoutMillis`: below the agents' default
-/// wait for `ResumeFrom` (5 s), so a slow fetch still ends in a list, not
-/// in an agent that stopped waiting.
-pub const DEFAULT_TIMEOUT_MILLIS: u64 = 3_000;
-/// Default `ownership.handoverDrainSeconds`.
-pub const DEFAULT_DRAIN_SECONDS: u64 = 5;
-/// Default `ownership.handoverMaxBytes`.
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// The path prefix of snapshots.
 pub const PATH_PREFIX: &str = "/internal/accounts/";
 /// The path suffix of snapshots.
@@ -69,15 +61,6 @@ pub const PATH_SUFFIX: &str = "/snapshot";
 /// How long a new owner waits before asking again for the snapshot of an
 /// account still online at the old owner.
 pub const CONFLICT_RETRY: Duration = Duration::from_millis(100);
-
-/// The sidecar an account was taken from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    /// Its instance id.
-    pub instance: String,
-    /// Where it serves snapshots, if it registered that.
-    pub url: Option<String>,
-}
 
 /// Why a handover was cold (the agent lists every kind).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,15 +170,15 @@ pub struct Settings {
     /// The largest snapshot accepted.
     pub max_bytes: u64,
     /// How snapshots are fetched: mutual TLS with `peer.tls`.
-    pub client: crate::peer::Client,
+    pub client: crate::peer_client::Client,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MILLIS),
-            max_bytes: DEFAULT_MAX_BYTES,
-            client: crate::peer::Client::default(),
+            timeout: Duration::from_millis(crate::config::DEFAULT_HANDOVER_TIMEOUT_MILLIS),
+            max_bytes: crate::config::DEFAULT_HANDOVER_MAX_BYTES,
+            client: crate::peer_client::Client::default(),
         }
     }
 }
@@ -244,7 +227,7 @@ impl Handover {
     pub async fn take_over(
         &self,
         account: &Account,
-        from: Option<&Peer>,
+        from: Option<&PreviousOwner>,
         store: &Store,
     ) -> Option<Outcome> {
         let started = tokio::time::Instant::now();
@@ -305,7 +288,7 @@ impl Handover {
 
     /// Fetches `from`'s snapshot of `account` within the timeout, asking
     /// again while it answers that the account is still online there.
-    async fn fetch_within(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+    async fn fetch_within(&self, account: &Account, from: &PreviousOwner) -> Result<Loaded, Cold> {
         let deadline = tokio::time::Instant::now() + self.settings.timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.fetch(account, from)).await {
@@ -322,7 +305,7 @@ impl Handover {
         }
     }
 
-    async fn fetch(&self, account: &Account, from: &Peer) -> Result<Loaded, Cold> {
+    async fn fetch(&self, account: &Account, from: &PreviousOwner) -> Result<Loaded, Cold> {
         let base = from.url.as_deref().ok_or(Cold::NoAddress)?;
         let uri: Uri = format!(
             "{}{PATH_PREFIX}{}{PATH_SUFFIX}",

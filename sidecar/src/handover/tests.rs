@@ -80,7 +80,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
         ..Settings::default()
     };
     let handover = Handover::new(new.clone(), settings, metrics.clone());
-    let from = Peer {
+    let from = PreviousOwner {
         instance: "s1".into(),
         url: Some(url),
     };
@@ -131,7 +131,7 @@ async fn a_new_owner_loads_the_old_owners_cache_once_it_gave_the_account_up() {
         None
     );
 
-    let text = metrics.render(&new);
+    let text = metrics.render(&new.gauges());
     for line in [
         "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"\"} 1",
         "spinlink_sidecar_handovers_total{outcome=\"cold\",reason=\"refused\"} 1",
@@ -157,7 +157,7 @@ async fn anything_that_fails_leaves_the_cache_empty_for_a_full_list() {
     for (i, (url, want)) in cases.into_iter().enumerate() {
         let name = if i == 2 { "other" } else { "prod" };
         let account = new.get_or_create(name);
-        let from = Peer {
+        let from = PreviousOwner {
             instance: "s1".into(),
             url,
         };
@@ -183,7 +183,7 @@ async fn a_peer_that_does_not_answer_in_time_is_cold() {
         ..Settings::default()
     };
     let handover = Handover::new(new.clone(), settings, Metrics::default());
-    let from = Peer {
+    let from = PreviousOwner {
         instance: "s1".into(),
         url: Some(url),
     };
@@ -283,11 +283,11 @@ async fn a_cache_held_here_is_resumed_when_current_and_replaced_when_the_store_s
         timeout: Duration::from_millis(500),
         ..Settings::default()
     };
-    let from = Peer {
+    let from = PreviousOwner {
         instance: "s1".into(),
         url: Some(url),
     };
-    let gone = Peer {
+    let gone = PreviousOwner {
         instance: "s1".into(),
         url: Some("http://127.0.0.1:1".into()),
     };
@@ -346,7 +346,7 @@ async fn a_cache_held_here_is_resumed_when_current_and_replaced_when_the_store_s
         assert_eq!(prod.highest_seq(), Some(30));
     }
 
-    let text = metrics.render(&here);
+    let text = metrics.render(&here.gauges());
     for line in [
         "spinlink_sidecar_handovers_total{outcome=\"resumed\",reason=\"current\"} 2",
         "spinlink_sidecar_handovers_total{outcome=\"warm\",reason=\"fresher\"} 1",

@@ -25,8 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{Accounts, Presence};
-use crate::facade::body::{self, Body, BoxError};
-use crate::handover::Peer;
+use crate::http::body::{self, Body, BoxError};
 use crate::store::{Acquired, Store};
 
 pub mod versions;
@@ -36,8 +35,16 @@ pub mod versions;
 pub const FORWARDED_HEADER: &str = "spinlink-forwarded-by";
 /// How long a looked-up owner is remembered before asking the store again.
 pub const OWNER_CACHE: Duration = Duration::from_secs(1);
-/// The default lease duration (`ownership.leaseSeconds`).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+
+/// The sidecar an account was taken from ([`Ownership::previous_owner`]),
+/// whose snapshot a new owner fetches ([`crate::handover`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviousOwner {
+    /// Its instance id.
+    pub instance: String,
+    /// Where it serves snapshots, if it registered that.
+    pub url: Option<String>,
+}
 
 /// Another sidecar instance that owns an account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +115,7 @@ pub struct Ownership {
     lease: Duration,
     grace: Duration,
     owners: Mutex<HashMap<String, (Instant, Option<Owner>)>>,
-    client: crate::peer::Client,
+    client: crate::peer_client::Client,
 }
 
 impl Ownership {
@@ -120,7 +127,7 @@ impl Ownership {
         store: Store,
         instance: &str,
         peer_url: Option<&str>,
-        client: crate::peer::Client,
+        client: crate::peer_client::Client,
         lease: Duration,
         grace: Duration,
     ) -> Arc<Self> {
@@ -163,7 +170,7 @@ impl Ownership {
     /// The other instance that held `account`'s lease last (expired,
     /// released or not), with where it serves snapshots: whom a new owner
     /// takes the account over from. Read before claiming, which replaces it.
-    pub async fn previous_owner(&self, account: &str) -> Option<Peer> {
+    pub async fn previous_owner(&self, account: &str) -> Option<PreviousOwner> {
         let lease = match self.store.lease(account).await {
             Ok(lease) => lease?,
             Err(e) => {
@@ -181,7 +188,7 @@ impl Ownership {
                 None
             }
         };
-        Some(Peer {
+        Some(PreviousOwner {
             instance: lease.owner,
             url,
         })
@@ -523,7 +530,7 @@ impl Ownership {
         if let Ok(v) = HeaderValue::from_str(&self.instance) {
             parts.headers.insert(FORWARDED_HEADER, v);
         }
-        let body: crate::peer::client::PeerBody = body
+        let body: crate::peer_client::PeerBody = body
             .map_err(|e| -> BoxError { e.to_string().into() })
             .boxed_unsync();
         match self.client.request(Request::from_parts(parts, body)).await {
@@ -560,8 +567,8 @@ mod tests {
                 store.clone(),
                 id,
                 url,
-                crate::peer::Client::default(),
-                DEFAULT_LEASE,
+                crate::peer_client::Client::default(),
+                Duration::from_secs(crate::config::DEFAULT_LEASE_SECS),
                 Duration::from_secs(600),
             )
         };
@@ -571,7 +578,7 @@ mod tests {
         assert!(s2.register().await);
         assert_eq!(s2.previous_owner("prod").await, None, "never owned");
         s1.claim("prod").await.unwrap();
-        let from_s1 = Some(Peer {
+        let from_s1 = Some(PreviousOwner {
             instance: "s1".into(),
             url: Some("https://s1:7011".into()),
         });
@@ -583,7 +590,7 @@ mod tests {
         s2.claim("prod").await.unwrap();
         assert_eq!(
             s1.previous_owner("prod").await,
-            Some(Peer {
+            Some(PreviousOwner {
                 instance: "s2".into(),
                 url: None
             })

@@ -13,16 +13,14 @@
 //! with `peer.tls` the port requires a client certificate chaining to
 //! `peer.tls.caFile` (refused at the handshake otherwise) **and** naming one
 //! of `peer.tls.peerIdentities`, read as the tunnel reads gateways'
-//! ([`crate::tunnel::gateways::listed`]); a connection from any other
+//! ([`crate::identity::listed`]); a connection from any other
 //! certificate the CA signs — a gateway's, an agent's — gets a 403 naming
 //! the key for each request, before the facade or the handover sees it.
 //! Refusals are counted in `spinlink_sidecar_peer_refused_total{reason}`.
-//! The client side, [`client::Client`], presents this sidecar's certificate
-//! and checks the other's the same way.
+//! The client side, [`crate::peer_client::Client`], presents this sidecar's
+//! certificate and checks the other's the same way.
 //!
 //! Start with [`serve`].
-
-pub mod client;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -40,13 +38,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::PeerTlsConfig;
 use crate::facade::Facade;
-use crate::facade::body::{self, Body};
 use crate::handover::{self, Handover};
+use crate::http::body::{self, Body};
+use crate::identity::{Listed, listed};
 use crate::metrics::Metrics;
 use crate::ownership::FORWARDED_HEADER;
-use crate::tunnel::gateways::{Listed, listed};
-
-pub use client::Client;
 
 /// How long a TLS handshake on the peer port may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -173,7 +169,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let service = Arc::new(service);
-    crate::facade::serve_with(
+    crate::http::serve::serve_with(
         listener,
         "peer",
         move |tcp: TcpStream, addr: SocketAddr| {
@@ -223,6 +219,3 @@ pub async fn serve(
     )
     .await;
 }
-
-#[cfg(test)]
-mod tests;

@@ -266,11 +266,6 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Whether `url` names an engine the store supports.
-pub fn supported(url: &str) -> bool {
-    url.starts_with("sqlite:") || url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
 impl Store {
     /// Opens (creating a SQLite file if missing) and migrates the database
     /// at `url`.

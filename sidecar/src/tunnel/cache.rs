@@ -15,7 +15,8 @@ use tonic::{Status, Streaming};
 
 use crate::accounts::Account;
 use crate::cache::Applied;
-use crate::handover::{Handover, Peer};
+use crate::handover::Handover;
+use crate::ownership::PreviousOwner;
 use crate::store::{AccountState, Store};
 
 /// Longest time between receiving a message and acknowledging it.
@@ -90,7 +91,7 @@ pub async fn run(
     account: Arc<Account>,
     store: Store,
     first_seq: u64,
-    takeover: Option<(Arc<Handover>, Option<Peer>)>,
+    takeover: Option<(Arc<Handover>, Option<PreviousOwner>)>,
     mut inbound: Streaming<v1::CacheUp>,
     down: Down,
     shutdown: CancellationToken,

@@ -16,17 +16,11 @@
 use std::collections::BTreeSet;
 
 use rustls::pki_types::CertificateDer;
-use spinlink_tls::identity::{IdentitySource, identity_from_cert};
 use tonic::{Request, Status};
 
 use super::ConnectInfo;
+use crate::identity::{Listed, listed};
 use crate::metrics::Metrics;
-
-/// Where a gateway's identity is read from its certificate: the gateway's
-/// own default order without the common name, which a CA checks least and
-/// an agent's certificate carries too (its agent id).
-pub const GATEWAY_IDENTITY_ORDER: [IdentitySource; 2] =
-    [IdentitySource::UriSan, IdentitySource::DnsSan];
 
 /// The `reason` of refusals of a certificate that names no gateway.
 pub const REFUSED_NOT_GATEWAY: &str = "not_gateway";
@@ -72,34 +66,6 @@ impl Gateways {
             Listed::No(id) => Peer::NotGateway(id),
             Listed::NoCertificate => Peer::NoCertificate,
         }
-    }
-}
-
-/// Whether a verified chain's leaf names one of a configured set of
-/// identities: the tunnel's gateways here, the peer port's sidecars in
-/// [`crate::peer`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listed {
-    /// Its identity, one of the set.
-    Yes(String),
-    /// Its identity as read, in none of the set (none when it has neither
-    /// a URI nor a DNS SAN, or does not parse).
-    No(Option<String>),
-    /// There is no certificate.
-    NoCertificate,
-}
-
-/// Reads the identity of `chain`'s leaf (verified by the handshake) as
-/// [`GATEWAY_IDENTITY_ORDER`] says and looks it up in `identities`, exactly.
-pub fn listed(identities: &BTreeSet<String>, chain: Option<&[CertificateDer<'_>]>) -> Listed {
-    let Some(leaf) = chain.and_then(<[_]>::first) else {
-        return Listed::NoCertificate;
-    };
-    // A leaf that does not parse names nobody.
-    match identity_from_cert(leaf, &GATEWAY_IDENTITY_ORDER) {
-        Ok(Some(id)) if identities.contains(&id) => Listed::Yes(id),
-        Ok(id) => Listed::No(id),
-        Err(_) => Listed::No(None),
     }
 }
 
@@ -195,7 +161,7 @@ mod tests {
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
         assert!(refused.message().contains("tunnel.tls.gatewayIdentities"));
         assert!(admit(Request::new(()), &metrics).is_err());
-        let text = metrics.render(&crate::Accounts::new());
+        let text = metrics.render(&[]);
         assert!(
             text.contains(r#"spinlink_sidecar_tunnel_refused_total{reason="not_gateway"} 1"#)
                 && text.contains(

@@ -36,10 +36,10 @@ use crate::accounts::{AccountHeld, Accounts, NamespaceScope, Presence};
 use crate::handover::Handover;
 use crate::metrics::Metrics;
 use crate::ownership::{ClaimError, Ownership};
+use crate::relay::RelayHandle;
 use crate::store::{AccountState, Store};
 use gateways::{Gateways, Peer};
 pub use io::{ConnectInfo, TunnelIo};
-use relay::RelayHandle;
 
 /// How long a stream may take to send its `open` message.
 pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -366,7 +366,7 @@ impl Tunnel for TunnelService {
             _ => return Err(Status::invalid_argument("the first message must be open")),
         }
         let account = self.accounts.get_or_create(&name);
-        let (tx, rx) = mpsc::channel(relay::DEFAULT_DOWN_CAPACITY);
+        let (tx, rx) = mpsc::channel(crate::relay::DEFAULT_DOWN_CAPACITY);
         let handle = RelayHandle::new(tx);
         account
             .attach_relay(&identity, handle.clone())

@@ -31,7 +31,7 @@ async fn owner(lease: Duration) -> Owner {
         store.clone(),
         "s1",
         Some("https://s1:7011"),
-        crate::peer::Client::default(),
+        crate::peer_client::Client::default(),
         lease,
         Duration::from_secs(600),
     );

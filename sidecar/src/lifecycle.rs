@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Accounts, Presence};
+use crate::accounts::{Accounts, Presence};
 use crate::clouddriver::Registrar;
 
 /// Ends grace periods and drives registration.

@@ -9,9 +9,9 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use spinlink_kube_api::Status;
 
-use super::{CreateRequest, Dynamic, Error, MigrateRequest};
-use crate::accounts::api::PREFIX;
-use crate::facade::body::{Body, full, status as status_response};
+use super::accounts::PREFIX;
+use crate::dynamic::{CreateRequest, Dynamic, Error, MigrateRequest};
+use crate::http::body::{Body, full, status as status_response};
 
 /// The path of the dynamic accounts list.
 pub const LIST: &str = "/v1/dynamic-accounts";

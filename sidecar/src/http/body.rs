@@ -1,6 +1,6 @@
-//! The response body type of the facade: a boxed body of bytes, either a
-//! whole document or chunks streamed from a relayed response; and the one place a
-//! `metav1.Status` becomes a response ([`status`]).
+//! The response body type of every port: a boxed body of bytes, either a
+//! whole document or chunks streamed from a relayed response; and the one
+//! place a `metav1.Status` becomes a response ([`status`]).
 
 use bytes::Bytes;
 use http::Response;
@@ -10,7 +10,7 @@ use spinlink_kube_api::Status;
 /// The error a streamed body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Every facade response has this body.
+/// Every response the sidecar serves has this body.
 pub type Body = BoxBody<Bytes, BoxError>;
 
 /// A whole body.

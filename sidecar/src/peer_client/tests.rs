@@ -3,7 +3,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use spinlink_tls::dev::{DevCa, Leaf};
 
-use super::client::SidecarVerifier;
+use super::SidecarVerifier;
 use crate::config::PeerTlsConfig;
 
 fn der(pem: &str) -> CertificateDer<'static> {

@@ -18,10 +18,10 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use super::api::{BodyError, decode, json, read_body};
-use super::{CreateRequest, Dynamic, Error, MigrateRequest, View};
+use super::dynamic::{BodyError, decode, json, read_body};
 use crate::accounts::Presence;
-use crate::facade::body::Body;
+use crate::dynamic::{CreateRequest, Dynamic, Error, MigrateRequest, View};
+use crate::http::body::Body;
 
 /// Every path of Armory's REST API starts with this...
 pub const PREFIX: &str = "/armory/";
@@ -480,7 +480,7 @@ impl Armory {
             "kubeconfigFile": body.kubeconfig_file,
             "serviceAccount": body.service_account,
         });
-        let kubeconfig = super::stored_kubeconfig(&body.name, &definition)
+        let kubeconfig = crate::dynamic::stored_kubeconfig(&body.name, &definition)
             .await
             .map_err(|e| match e {
                 Error::NotMigratable(m) => Error::Invalid(
@@ -537,7 +537,7 @@ impl Armory {
         };
         // An INACTIVE account stays INACTIVE when updated.
         if update && self.inactive().contains_key(&name) {
-            if let Err(e) = super::check_name(&name) {
+            if let Err(e) = crate::dynamic::check_name(&name) {
                 return dynamic_error(&e);
             }
             if let Err(resp) = self.hold_inactive(request) {
@@ -590,7 +590,7 @@ impl Armory {
             let request = match (request, item.kubeconfig_file) {
                 (Ok(mut r), Some(file)) => {
                     let definition = serde_json::json!({ "kubeconfigFile": file });
-                    super::stored_kubeconfig(&item.name, &definition)
+                    crate::dynamic::stored_kubeconfig(&item.name, &definition)
                         .await
                         .map(|k| {
                             r.kubeconfig = k;

@@ -1,7 +1,7 @@
 //! The accounts and agents REST API on the facade's port, documented in
 //! `docs/api/sidecar.openapi.yaml`:
 //!
-//! - `GET /v1/accounts`: every account's [`AccountStatus`](super::AccountStatus);
+//! - `GET /v1/accounts`: every account's [`AccountStatus`](crate::accounts::AccountStatus);
 //!   `GET /v1/accounts/<name>` one of them; tests and `spinlink dev` poll it to
 //!   know when an account is ready;
 //! - `GET /v1/accounts/<name>/operations`: its recent relayed operations with
@@ -14,11 +14,11 @@
 use bytes::Bytes;
 use http::{Method, Response, StatusCode, header};
 
-use super::Accounts;
-use crate::facade::body::{Body, full};
+use crate::accounts::Accounts;
+use crate::http::body::{Body, full};
 use spinlink_kube_api::Status;
 
-use crate::facade::body::status as status_response;
+use crate::http::body::status as status_response;
 
 /// The path prefix of the accounts API.
 pub const PREFIX: &str = "/v1/accounts";
@@ -170,8 +170,8 @@ mod openapi_doc {
             {
                 let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
                 // Dynamic accounts are answered by their own API, tested
-                // in `dynamic::tests`.
-                if crate::dynamic::api::serves(&m, &concrete) {
+                // in `crate::dynamic::tests`.
+                if crate::api::dynamic::serves(&m, &concrete) {
                     continue;
                 }
                 assert!(owns(&concrete), "{path} is documented but not routed here");

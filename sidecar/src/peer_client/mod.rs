@@ -25,8 +25,8 @@ use spinlink_tls::config::{provider, root_store};
 use spinlink_tls::reload::ReloadingClientCert;
 
 use crate::config::PeerTlsConfig;
-use crate::facade::body::BoxError;
-use crate::tunnel::gateways::{Listed, listed};
+use crate::http::body::BoxError;
+use crate::identity::{Listed, listed};
 
 /// How long connecting to a peer may take: an unreachable pod address
 /// otherwise waits out the kernel's SYN retries, minutes.
@@ -192,3 +192,6 @@ impl ServerCertVerifier for SidecarVerifier {
         self.webpki.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests;
