@@ -155,6 +155,37 @@ fn fingerprint(data: &str) -> Option<String> {
     )))
 }
 
+/// Fuzz body: any document posted as a dynamic account's kubeconfig, with
+/// its current context and with a named one. The check answers or refuses
+/// without panicking; what it accepts has an http(s) server, and its
+/// refusals never quote a value of the document (the marker below stands for
+/// a token or key someone pasted).
+pub fn fuzz_check(data: &[u8]) {
+    const MARKER: &str = "SECRET-MARKER";
+    let text = String::from_utf8_lossy(data);
+    for context in [None, Some("c")] {
+        match check(&text, context) {
+            Ok(checked) => assert!(
+                checked.server.starts_with("https://") || checked.server.starts_with("http://"),
+                "accepted server {:?}",
+                checked.server
+            ),
+            Err(message) => {
+                // Names (of contexts, clusters, users) are quoted by design:
+                // check only documents whose every marker is the value of a
+                // credential or CA key.
+                let as_value = ["token: ", "certificate-authority-data: ", "command: "]
+                    .iter()
+                    .map(|key| text.matches(&format!("{key}{MARKER}")).count())
+                    .sum::<usize>();
+                if text.matches(MARKER).count() == as_value {
+                    assert!(!message.contains(MARKER), "{message}");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +257,25 @@ mod tests {
         assert!(check(&kubeconfig("{server: ftp://x}", "{}"), None).is_err());
         let err = check("token: s3cr3t: [", None).unwrap_err();
         assert!(!err.contains("s3cr3t"), "{err}");
+    }
+
+    #[test]
+    fn fuzz_check_documents() {
+        let good = kubeconfig(
+            "{server: 'https://10.0.0.1:6443'}",
+            "{token: SECRET-MARKER}",
+        );
+        let bad_ca = kubeconfig(
+            "{server: 'https://h', certificate-authority-data: SECRET-MARKER}",
+            "{token: t}",
+        );
+        spinlink_fuzzing::Fuzz::new("sidecar dynamic kubeconfig")
+            .seeds([
+                good.into_bytes(),
+                bad_ca.into_bytes(),
+                b"apiVersion: v1\nclusters: [{name: c, cluster: {server: 'https://h', certificate-authority: /etc/SECRET-MARKER}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {exec: {command: SECRET-MARKER}}}]\ncurrent-context: c\n".to_vec(),
+                b"a: &a [*a, *a]\n".to_vec(),
+            ])
+            .run(super::fuzz_check);
     }
 }
