@@ -578,7 +578,7 @@ impl Config {
         };
         let l = &self.listener;
         for (i, cidr) in l.trusted_proxies.iter().enumerate() {
-            crate::listener::cidr::Cidr::parse(cidr)
+            crate::cidr::Cidr::parse(cidr)
                 .map_err(|e| invalid(&format!("trustedProxies[{i}]"), &e.to_string()))?;
         }
         if l.proxy_protocol && l.proxy_protocol_required && l.trusted_proxies.is_empty() {

@@ -11,10 +11,10 @@ use prost::Message;
 use spinlink_proto::v1::HelloRequest;
 use spinlink_tls::binding::ConnectionBinding;
 
-use crate::admin::Stats;
 use crate::config::PolicyRule;
 use crate::identity::{AgentPeer, Policy};
 use crate::listener::proxy_protocol::{self, Parse};
+use crate::stats::Stats;
 use crate::token::{Claims, TokenKey};
 use crate::tunnel::hello::{HelloService, MAX_ACCOUNTS_PER_HELLO};
 use crate::tunnel::{Shared, TunnelLimits};

@@ -13,12 +13,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Stats;
 use crate::admin::server::AdminServer;
 use crate::config::Config;
 use crate::identity::Policy;
 use crate::identity::jwt::JwtVerifier;
 use crate::listener::{Listener, Settings};
+use crate::stats::Stats;
 use crate::tls::{ServerTls, TlsReloader};
 use crate::token::TokenKey;
 use crate::tunnel::{Shared, TunnelLimits};

@@ -7,9 +7,11 @@
 //! answered with channel tokens ([`token`]) for the accounts the
 //! [`identity::Policy`] allows ([`tunnel`]), `Cache` and `Relay` streams are
 //! checked against their token and carried frame by frame to the sidecar
-//! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`]. [`tls`] reloads the listener's certificate from disk;
-//! [`admin`] holds the counters and serves them, with `/healthz` and `/readyz`,
-//! on the admin port. [`fuzz`] holds the bodies of the fuzz targets.
+//! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`]. [`tls`] reloads the listener's certificate from disk
+//! (polling files with [`reload`]); [`stats`] holds the counters and [`admin`]
+//! serves them, with `/healthz` and `/readyz`, on the admin port. [`limits`]
+//! and [`cidr`] are primitives the listener and the tunnel share. [`fuzz`]
+//! holds the bodies of the fuzz targets.
 //! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an nginx-style
 //! model on the same listener.
 //!
@@ -17,14 +19,18 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cidr;
 pub mod config;
 pub mod fuzz;
 mod gateway;
 pub mod identity;
 pub mod ingress;
+pub mod limits;
 pub mod listener;
 pub mod relay;
+pub mod reload;
 pub mod route;
+pub mod stats;
 pub mod tls;
 pub mod token;
 pub mod tunnel;

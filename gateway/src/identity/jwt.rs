@@ -205,7 +205,7 @@ pub struct JwtVerifier {
 struct JwksSource {
     config: JwtBootstrapConfig,
     /// The content in service, and the last refused.
-    seen: Mutex<crate::tls::Seen>,
+    seen: Mutex<crate::reload::Seen>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -244,7 +244,7 @@ impl std::fmt::Debug for JwksReloader {
 }
 
 impl JwksReloader {
-    fn seen(&self) -> std::sync::MutexGuard<'_, crate::tls::Seen> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, crate::reload::Seen> {
         self.source.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -284,7 +284,7 @@ impl JwksReloader {
 
     /// Calls [`JwksReloader::reload`] every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: tokio_util::sync::CancellationToken) {
-        crate::tls::poll_blocking(interval, shutdown, "bootstrap JWKS", move || {
+        crate::reload::poll_blocking(interval, shutdown, "bootstrap JWKS", move || {
             self.reload();
         })
         .await;
@@ -382,7 +382,7 @@ impl JwtVerifier {
         let mut verifier = Self::with_keys(keys, config);
         verifier.source = Some(Arc::new(JwksSource {
             config: config.clone(),
-            seen: Mutex::new(crate::tls::Seen::new(hash)),
+            seen: Mutex::new(crate::reload::Seen::new(hash)),
         }));
         Ok(verifier)
     }

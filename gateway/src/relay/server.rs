@@ -30,12 +30,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use super::bridge::{self, Bridge};
-use super::conn::{
-    Conn, ConnError, Glitch, InStream, Local, Offence, Role, Signal, StreamRefused, Target,
-};
+use super::conn::{Conn, ConnError, InStream, Local, Offence, Role, Signal, StreamRefused, Target};
 use super::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
-use crate::admin::{Counter, Refusal};
-use crate::listener::limits::TokenBucket;
+use crate::limits::TokenBucket;
+use crate::stats::{Counter, Glitch, Refusal};
 use crate::tunnel::proxy::{self, Admitted};
 use crate::tunnel::{self, ConnPeer, Shared, status};
 
@@ -483,7 +481,7 @@ impl Role for AgentRole {
 struct Carried {
     _carried: crate::upstream::Carried,
     _lease: crate::upstream::Lease,
-    _slot: crate::listener::limits::Slot<Arc<str>>,
+    _slot: crate::limits::Slot<Arc<str>>,
 }
 
 /// The value of field `name` (empty if absent).

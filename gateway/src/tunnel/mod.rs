@@ -19,12 +19,12 @@ use spinlink_proto::v1::tunnel_server::TunnelServer;
 use tonic::body::Body;
 use tower::ServiceExt;
 
-use crate::admin::{AuthFailure, Refusal, Stats};
 use crate::config::ListenerConfig;
 use crate::identity::jwt::{BOOTSTRAP_JWT_HEADER, JwtVerifier};
 use crate::identity::owners::{ConnGrants, Owners};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER, Policy};
-use crate::listener::limits::{KeyedBuckets, Slots};
+use crate::limits::{KeyedBuckets, Slots};
+use crate::stats::{AuthFailure, Refusal, Stats};
 use crate::token::TokenKey;
 use crate::upstream::UpstreamSet;
 

@@ -25,11 +25,11 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::{RequestHeaders, Shared, status};
-use crate::admin::{AuthFailure, Counter, Refusal};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
-use crate::listener::limits::Slot;
+use crate::limits::Slot;
 use crate::relay::bridge::{BridgeBody, BridgeError};
 use crate::relay::link::Fields;
+use crate::stats::{AuthFailure, Counter, Refusal};
 use crate::token::{Claims, Refused};
 use crate::upstream::{BoxError, Lease, Target};
 

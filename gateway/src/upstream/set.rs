@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::{HealthCheckConfig, OutlierConfig};
 use super::{Target, Upstream, UpstreamTls};
-use crate::admin::Stats;
-use crate::admin::metrics::UpstreamLabel;
 use crate::route;
+use crate::stats::Stats;
+use crate::stats::metrics::UpstreamLabel;
 
 /// Default load factor c: no instance takes more than 1.25 times the mean.
 pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
@@ -507,7 +507,7 @@ impl UpstreamSet {
     /// Records a stream that could not be opened on `instance`; enough in a
     /// row eject it (outlier detection).
     pub fn stream_failed(&self, instance: &Instance) {
-        self.stats.incr(crate::admin::Counter::UpstreamUnavailable);
+        self.stats.incr(crate::stats::Counter::UpstreamUnavailable);
         let outlier = &self.config.outlier;
         let ejected = {
             let mut h = instance.health.lock().unwrap_or_else(|e| e.into_inner());
