@@ -153,7 +153,7 @@ fn jwt_fixture() -> &'static JwtFixture {
         let p = pair.public_key().as_ref();
         let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "fuzz",
             "x": URL_SAFE_NO_PAD.encode(&p[1..33]), "y": URL_SAFE_NO_PAD.encode(&p[33..65])}]});
-        let config = crate::identity::jwt::JwtBootstrapConfig {
+        let config = crate::config::JwtBootstrapConfig {
             audiences: vec!["fuzz".into()],
             ..Default::default()
         };
