@@ -46,7 +46,7 @@ pub struct Gateway {
     health: HealthChecker,
     upstreams: Arc<UpstreamSet>,
     /// What agent connections may hold together (`listener.maxBufferedBytes`).
-    buffers: Arc<crate::relay::budget::Budget>,
+    buffers: Arc<crate::engine::budget::Budget>,
 }
 
 /// A readiness receiver that says "not ready" until [`Gateway::run`]

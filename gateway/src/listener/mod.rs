@@ -19,8 +19,8 @@
 //! 5. mTLS with the configuration current *now* ([`crate::tls::ServerTls`],
 //!    reloaded from disk) within `handshakeTimeoutSeconds`;
 //! 6. the connection is named — identity from the leaf certificate, binding
-//!    from the TLS exporter — and served by the relay
-//!    ([`crate::relay::server`]) with that name; its HTTP/2 preface and
+//!    from the TLS exporter — and served by the tunnel
+//!    ([`crate::tunnel::server`]) with that name; its HTTP/2 preface and
 //!    first SETTINGS are due within `prefaceTimeoutSeconds`.
 //!
 //! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
@@ -607,7 +607,7 @@ impl Connection {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let settings = &self.settings;
-        let limits = crate::relay::server::AgentLimits {
+        let limits = crate::tunnel::server::AgentLimits {
             max_concurrent_streams: settings.max_concurrent_streams,
             max_header_list_size: MAX_HEADER_LIST_SIZE,
             idle_timeout: settings.idle_timeout,
@@ -618,7 +618,7 @@ impl Connection {
             preface_timeout: settings.preface_timeout,
         };
         // Boxed at its own size; this future keeps a pointer.
-        Box::pin(crate::relay::server::serve(
+        Box::pin(crate::tunnel::server::serve(
             io,
             peer,
             self.shared.clone(),

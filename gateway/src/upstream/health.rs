@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Instance, UpstreamSet};
 use crate::config::upstreams::HealthCheckConfig;
-use crate::relay::link::Fields;
+use crate::engine::link::Fields;
 
 /// Checks every instance of a set, round after round, until shut down.
 #[derive(Debug)]
