@@ -1523,7 +1523,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         },
         spinlink_gateway::config::DEFAULT_HANDSHAKE_RESERVED_PERCENT,
         spinlink_gateway::config::DEFAULT_HANDSHAKES_PER_SECOND_PER_SOURCE,
-        opts.load_factor.unwrap_or(spinlink_gateway::upstream::set::DEFAULT_LOAD_FACTOR),
+        opts.load_factor.unwrap_or(spinlink_gateway::config::upstreams::DEFAULT_LOAD_FACTOR),
         opts.lease_seconds.unwrap_or(spinlink_sidecar::config::DEFAULT_LEASE_SECS),
     ));
     r.line(format!(

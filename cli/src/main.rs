@@ -210,7 +210,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 }
                 (None, None) => anyhow::bail!("--config or --nginx-config is required"),
             };
-            cfg.validate()?;
+            spinlink_gateway::Gateway::check(&cfg)?;
             if check_config {
                 println!("ok: {origin}");
                 return Ok(());

@@ -11,21 +11,21 @@ use prost::Message;
 use spinlink_proto::v1::HelloRequest;
 use spinlink_tls::binding::ConnectionBinding;
 
-use crate::admin::Stats;
 use crate::config::PolicyRule;
 use crate::identity::{AgentPeer, Policy};
 use crate::listener::proxy_protocol::{self, Parse};
+use crate::stats::Stats;
 use crate::token::{Claims, TokenKey};
 use crate::tunnel::hello::{HelloService, MAX_ACCOUNTS_PER_HELLO};
 use crate::tunnel::{Shared, TunnelLimits};
 
-/// The gRPC message prefixes of carried streams (`relay::messages`): the
+/// The gRPC message prefixes of carried streams (`engine::messages`): the
 /// first byte is the limit's scale, the second a chunk size, the rest the
 /// stream. The verdict never depends on how the stream is cut into frames,
 /// and is the one a whole-message reading gives: refused exactly when a
 /// prefix, read message by message, declares more than the limit.
 pub fn message_sizes(data: &[u8]) {
-    use crate::relay::messages::{Messages, TooLarge};
+    use crate::engine::messages::{Messages, TooLarge};
     let [scale, cut, stream @ ..] = data else {
         return;
     };
@@ -153,7 +153,7 @@ fn jwt_fixture() -> &'static JwtFixture {
         let p = pair.public_key().as_ref();
         let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "fuzz",
             "x": URL_SAFE_NO_PAD.encode(&p[1..33]), "y": URL_SAFE_NO_PAD.encode(&p[33..65])}]});
-        let config = crate::identity::jwt::JwtBootstrapConfig {
+        let config = crate::config::JwtBootstrapConfig {
             audiences: vec!["fuzz".into()],
             ..Default::default()
         };
@@ -279,14 +279,14 @@ pub fn hello(data: &[u8]) {
     }
 }
 
-/// An agent connection fed any bytes after the client preface: the relay
+/// An agent connection fed any bytes after the client preface: the engine
 /// never panics, always ends once the input does, never decodes a header
 /// list past its SETTINGS_MAX_HEADER_LIST_SIZE (counted as RFC 7541 §4.1
 /// does), and everything it writes is well-formed HTTP/2 (each frame
 /// parses, whatever the peer sent).
 pub fn relay_server(data: &[u8]) {
-    use crate::relay::conn::{Conn, InStream, Local, Role, Signal, Target};
-    use crate::relay::link::{Failure, Fields, Link, Side, Sink, grpc_status_fields};
+    use crate::engine::conn::{Conn, InStream, Local, Role, Signal, Target};
+    use crate::engine::link::{Failure, Fields, Link, Side, Sink, grpc_status_fields};
     use spinlink_http2::frame::{self, Frame, HEAD_LEN, Head};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

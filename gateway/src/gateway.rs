@@ -13,16 +13,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Stats;
 use crate::admin::server::AdminServer;
 use crate::config::Config;
+use crate::config::upstreams::Discovery;
 use crate::identity::Policy;
 use crate::identity::jwt::JwtVerifier;
 use crate::listener::{Listener, Settings};
+use crate::stats::Stats;
 use crate::tls::{ServerTls, TlsReloader};
 use crate::token::TokenKey;
 use crate::tunnel::{Shared, TunnelLimits};
-use crate::upstream::discovery::{Discovery, DnsDiscovery, EndpointSliceDiscovery};
+use crate::upstream::discovery::{DnsDiscovery, EndpointSliceDiscovery};
 use crate::upstream::health::HealthChecker;
 use crate::upstream::{Target, Upstream, UpstreamSet, UpstreamTls};
 use crate::{Error, Result};
@@ -45,7 +46,7 @@ pub struct Gateway {
     health: HealthChecker,
     upstreams: Arc<UpstreamSet>,
     /// What agent connections may hold together (`listener.maxBufferedBytes`).
-    buffers: Arc<crate::relay::budget::Budget>,
+    buffers: Arc<crate::engine::budget::Budget>,
 }
 
 /// A readiness receiver that says "not ready" until [`Gateway::run`]
@@ -55,9 +56,39 @@ fn ready_rx() -> watch::Receiver<bool> {
 }
 
 impl Gateway {
-    /// Validates `config`, loads its certificates and binds the listener.
-    pub async fn bind(config: Config) -> Result<Gateway> {
+    /// Checks `config` as a whole: its own values ([`Config::validate`]),
+    /// then what only the modules that use them can check — the policy's
+    /// globs, the upstream URLs, the ingress model. Errors name the key and
+    /// the file, as [`Config::from_file`]'s do.
+    pub fn check(config: &Config) -> Result<()> {
         config.validate()?;
+        let invalid = |key: String, message: String| Error::InvalidConfig {
+            origin: config.origin.clone(),
+            key,
+            message,
+        };
+        Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
+        if let Some(ingress) = &config.ingress {
+            crate::ingress::Ingress::compile(ingress)
+                .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?;
+        }
+        for (i, upstream) in config.upstreams.iter().enumerate() {
+            let target = Target::parse(&upstream.url)
+                .map_err(|e| invalid(format!("upstreams[{i}].url"), e.to_string()))?;
+            if target.is_tls() && config.upstream_tls.is_none() {
+                return Err(invalid(
+                    format!("upstreams[{i}].url"),
+                    "https upstreams need `upstreamTls`".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `config` ([`Gateway::check`]), loads its certificates and
+    /// binds the listener.
+    pub async fn bind(config: Config) -> Result<Gateway> {
+        Self::check(&config)?;
         let stats = Arc::new(Stats::default());
         let invalid = |key: String, message: String| Error::InvalidConfig {
             origin: config.origin.clone(),
@@ -318,5 +349,33 @@ impl Gateway {
         }
         tracing::info!("gateway stopped");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_names_key_and_file() {
+        let cases = [
+            (
+                "insecure: true\nupstreams: [{url: 'https://h:1'}]\n",
+                "`upstreams[0].url`",
+            ),
+            (
+                "insecure: true\nupstreams: [{url: 'http://h:1'}, {url: 'h:2'}]\n",
+                "`upstreams[1].url`",
+            ),
+            (
+                "insecure: true\nupstreams: [{url: 'http://h:1'}]\npolicy: [{identities: ['a'], accounts: ['[x']}]\n",
+                "`policy[0].accounts[0]`",
+            ),
+        ];
+        for (yaml, key) in cases {
+            let config = Config::from_yaml_str(yaml, "gw.yaml").unwrap();
+            let e = Gateway::check(&config).unwrap_err().to_string();
+            assert!(e.contains("gw.yaml") && e.contains(key), "{yaml}: {e}");
+        }
     }
 }

@@ -1,30 +1,41 @@
 //! spinlink gateway: the mTLS edge that agents dial.
 //!
 //! A request's path through the crate follows the folders:
-//! [`listener`] accepts TCP, terminates mTLS and names the peer
-//! ([`identity`]) and the connection (its TLS binding); [`relay`] serves the
-//! connection's HTTP/2 and routes each stream by gRPC path — `Hello` is
-//! answered with channel tokens ([`token`]) for the accounts the
-//! [`identity::Policy`] allows ([`tunnel`]), `Cache` and `Relay` streams are
+//! [`listener`] accepts TCP, terminates mTLS ([`tls`]) and names the peer
+//! ([`identity`]) and the connection (its TLS binding); [`tunnel`] serves
+//! the agent's connection on the HTTP/2 [`engine`] and routes each stream by
+//! gRPC path — `Hello` is answered with channel tokens ([`token`]) for the
+//! accounts the [`identity::Policy`] allows, `Cache` and `Relay` streams are
 //! checked against their token and carried frame by frame to the sidecar
-//! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`]. [`tls`] reloads the listener's certificate from disk;
-//! [`admin`] holds the counters and serves them, with `/healthz` and `/readyz`,
-//! on the admin port. [`fuzz`] holds the bodies of the fuzz targets.
-//! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an nginx-style
-//! model on the same listener.
+//! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`].
+//! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an
+//! nginx-style model on the same listener. [`admin`] serves the counters of
+//! [`stats`], with `/healthz` and `/readyz`, on the admin port. [`fuzz`]
+//! holds the bodies of the fuzz targets.
+//!
+//! Layers, each naming only those below it: the leaves [`cidr`], [`stats`],
+//! [`limits`], [`reload`], [`route`] and [`token`], and [`config`] (plain
+//! data over [`cidr`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
+//! and [`upstream`]; [`tunnel`]; [`listener`]; [`admin`]; and the
+//! [`Gateway`] that builds them all (`scripts/module-cycles.py` checks that
+//! no modules name each other in a circle).
 //!
 //! Start with [`Gateway::bind`] and [`Config`].
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cidr;
 pub mod config;
+pub mod engine;
 pub mod fuzz;
 mod gateway;
 pub mod identity;
 pub mod ingress;
+pub mod limits;
 pub mod listener;
-pub mod relay;
+pub mod reload;
 pub mod route;
+pub mod stats;
 pub mod tls;
 pub mod token;
 pub mod tunnel;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::stats::Refusal;
 use spinlink_http2::frame::{Reason, kind};
 use spinlink_proto::paths;
 use spinlink_proto::v1::tunnel_client::TunnelClient;

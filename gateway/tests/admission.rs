@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use rustls::client::{ClientSessionMemoryCache, Resumption};
-use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::stats::Refusal;
 use spinlink_tls::config::{ALPN_H2, ClientFiles, client_config};
 use spinlink_tls::dev::DevPki;
 use tokio::io::AsyncWriteExt;

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::stats::Refusal;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::stats::Refusal;
 use spinlink_gateway::tunnel::hello::MAX_ACCOUNTS_PER_HELLO;
 use spinlink_proto::v1::{HelloRequest, HelloResponse};
 use tonic::Code;

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use common::*;
-use spinlink_gateway::admin::Refusal;
-use spinlink_gateway::relay::conn::Glitch;
+use spinlink_gateway::stats::Glitch;
+use spinlink_gateway::stats::Refusal;
 use spinlink_http2::frame::{self, Reason, kind};
 use spinlink_http2::hpack::Indexing;
 use spinlink_proto::paths;

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::AuthFailure;
+use spinlink_gateway::stats::AuthFailure;
 
 #[tokio::test]
 async fn common_name_source_is_matched_by_the_policy() {

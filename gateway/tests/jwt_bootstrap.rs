@@ -14,7 +14,7 @@ use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ring::rand::SystemRandom;
 use ring::signature::{self, KeyPair};
-use spinlink_gateway::admin::AuthFailure;
+use spinlink_gateway::stats::AuthFailure;
 use spinlink_proto::headers;
 use spinlink_proto::v1::HelloRequest;
 use spinlink_proto::v1::tunnel_client::TunnelClient;

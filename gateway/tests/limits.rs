@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
-use spinlink_gateway::relay::conn::Glitch;
+use spinlink_gateway::stats::Glitch;
+use spinlink_gateway::stats::Refusal;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{CacheUp, WatchEvent, cache_up};
 use tokio::io::AsyncWriteExt;
@@ -184,7 +184,7 @@ async fn carried_streams_per_identity_are_bounded() {
         gw.stats.wait_until(|s| {
             s.metrics()
                 .streams_open
-                .get(&spinlink_gateway::admin::metrics::UpstreamLabel {
+                .get(&spinlink_gateway::stats::metrics::UpstreamLabel {
                     upstream: sidecar.url(),
                 })
                 .is_some_and(|g| g.get() == 0)

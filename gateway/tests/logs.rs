@@ -78,7 +78,7 @@ async fn a_flood_of_refusals_is_summarised() {
     }
     wait_refusals(
         &gw.stats,
-        spinlink_gateway::admin::Refusal::HandshakeRate,
+        spinlink_gateway::stats::Refusal::HandshakeRate,
         200,
     )
     .await;

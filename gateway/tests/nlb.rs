@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
-use spinlink_gateway::admin::metrics::ClientResult;
+use spinlink_gateway::stats::Refusal;
+use spinlink_gateway::stats::metrics::ClientResult;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 

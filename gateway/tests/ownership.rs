@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::Refusal;
+use spinlink_gateway::stats::Refusal;
 
 async fn agent(addr: std::net::SocketAddr, pki: &Pki, name: &str) -> tonic::transport::Channel {
     agent_channel(

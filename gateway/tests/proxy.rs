@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use spinlink_gateway::admin::AuthFailure;
+use spinlink_gateway::stats::AuthFailure;
 use spinlink_proto::headers;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
 use spinlink_proto::v1::{CacheUp, RelayUp, relay_down};

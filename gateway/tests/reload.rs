@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::*;
 use rustls::pki_types::CertificateDer;
-use spinlink_gateway::admin::Stats;
-use spinlink_gateway::admin::metrics::ResultLabel;
+use spinlink_gateway::stats::Stats;
+use spinlink_gateway::stats::metrics::ResultLabel;
 use spinlink_tls::dev::{DevCa, Leaf};
 use tokio::net::TcpStream;
 

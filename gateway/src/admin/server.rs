@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Stats;
+use crate::stats::Stats;
 
 /// Content type of `/metrics` (what `prometheus-client` writes).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -123,7 +123,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-    use crate::admin::Refusal;
+    use crate::stats::Refusal;
 
     async fn body(r: Response<Full<Bytes>>) -> String {
         String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(route(&stats, true, &Method::POST, "/metrics").status(), 405);
 
         stats.refuse(Refusal::MaxConnections);
-        stats.incr(crate::admin::Counter::AccountsGranted);
+        stats.incr(crate::stats::Counter::AccountsGranted);
         let r = route(&stats, true, &get, "/metrics");
         assert_eq!(r.headers()[header::CONTENT_TYPE], METRICS_CONTENT_TYPE);
         let text = body(r).await;

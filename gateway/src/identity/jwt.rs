@@ -19,50 +19,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::config::JwtBootstrapConfig;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde::Deserialize;
 
 /// The `Hello` metadata key a bootstrap JWT travels in. Dropped before any
 /// stream goes upstream.
 pub const BOOTSTRAP_JWT_HEADER: &str = "spinlink-bootstrap-jwt";
-/// Default claim listing the accounts a bootstrap JWT grants.
-pub const DEFAULT_ACCOUNTS_CLAIM: &str = "spinlink_accounts";
-/// Default clock skew allowed on `exp` and `nbf`, in seconds.
-pub const DEFAULT_LEEWAY_SECONDS: u64 = 30;
 /// Longest JWT accepted, in bytes: a bound on the work one `Hello` makes.
 pub const MAX_JWT_LEN: usize = 16 * 1024;
-
-/// `jwtBootstrap` in the gateway configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct JwtBootstrapConfig {
-    /// JWKS (RFC 7517) file of the public keys bootstrap JWTs are signed with:
-    /// EC P-256 (ES256), RSA (RS256) or OKP Ed25519 (EdDSA).
-    pub jwks_file: PathBuf,
-    /// Accepted `aud` values; a JWT must name at least one. Required.
-    pub audiences: Vec<String>,
-    /// Accepted `iss` values; empty accepts any issuer.
-    pub issuers: Vec<String>,
-    /// Claim holding the accounts (a list of names or globs, or one
-    /// space-separated string).
-    pub accounts_claim: String,
-    /// Clock skew allowed on `exp` and `nbf`, in seconds.
-    pub leeway_seconds: u64,
-}
-
-impl Default for JwtBootstrapConfig {
-    fn default() -> Self {
-        Self {
-            jwks_file: PathBuf::new(),
-            audiences: Vec::new(),
-            issuers: Vec::new(),
-            accounts_claim: DEFAULT_ACCOUNTS_CLAIM.to_owned(),
-            leeway_seconds: DEFAULT_LEEWAY_SECONDS,
-        }
-    }
-}
 
 /// Why the JWKS could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +171,7 @@ pub struct JwtVerifier {
 struct JwksSource {
     config: JwtBootstrapConfig,
     /// The content in service, and the last refused.
-    seen: Mutex<crate::tls::Seen>,
+    seen: Mutex<crate::reload::Seen>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -244,7 +210,7 @@ impl std::fmt::Debug for JwksReloader {
 }
 
 impl JwksReloader {
-    fn seen(&self) -> std::sync::MutexGuard<'_, crate::tls::Seen> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, crate::reload::Seen> {
         self.source.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -284,7 +250,7 @@ impl JwksReloader {
 
     /// Calls [`JwksReloader::reload`] every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: tokio_util::sync::CancellationToken) {
-        crate::tls::poll_blocking(interval, shutdown, "bootstrap JWKS", move || {
+        crate::reload::poll_blocking(interval, shutdown, "bootstrap JWKS", move || {
             self.reload();
         })
         .await;
@@ -382,7 +348,7 @@ impl JwtVerifier {
         let mut verifier = Self::with_keys(keys, config);
         verifier.source = Some(Arc::new(JwksSource {
             config: config.clone(),
-            seen: Mutex::new(crate::tls::Seen::new(hash)),
+            seen: Mutex::new(crate::reload::Seen::new(hash)),
         }));
         Ok(verifier)
     }

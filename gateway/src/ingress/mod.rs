@@ -358,7 +358,7 @@ impl Ingress {
         interval: Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
-        crate::tls::poll_blocking(interval, shutdown, "ingress certificates", move || {
+        crate::reload::poll_blocking(interval, shutdown, "ingress certificates", move || {
             self.reload_tls();
         })
         .await;

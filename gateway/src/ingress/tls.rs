@@ -83,7 +83,7 @@ pub struct ReloadingServerTls {
     http2: bool,
     current: RwLock<Arc<ServerTlsConfig>>,
     /// The files in service, and the last refused.
-    seen: Mutex<crate::tls::Seen>,
+    seen: Mutex<crate::reload::Seen>,
 }
 
 impl ReloadingServerTls {
@@ -95,7 +95,7 @@ impl ReloadingServerTls {
             tls: tls.clone(),
             http2,
             current: RwLock::new(Arc::new(config)),
-            seen: Mutex::new(crate::tls::Seen::new(hash)),
+            seen: Mutex::new(crate::reload::Seen::new(hash)),
         })
     }
 
@@ -131,7 +131,7 @@ impl ReloadingServerTls {
         }
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, crate::tls::Seen> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, crate::reload::Seen> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 

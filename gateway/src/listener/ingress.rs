@@ -26,9 +26,9 @@ use super::{
     ActiveStream, Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, GuardedBody,
     Prefixed, idle,
 };
-use crate::admin::Refusal;
 use crate::ingress::tls::ClientVerify;
 use crate::ingress::{ConnInfo, Ingress};
+use crate::stats::Refusal;
 use crate::tunnel::{self, ConnPeer, ControlSlot};
 
 /// Largest request header block on ingress connections: browsers carry

@@ -2,10 +2,10 @@
 //!
 //! 1. a slot of `listener.maxConnections`, held until the connection ends;
 //! 2. with `listener.proxyProtocol`, the PROXY v1/v2 header ([`proxy_protocol`])
-//!    from a `trustedProxies` address ([`cidr`]) within its timeout; the client
+//!    from a `trustedProxies` address ([`crate::cidr`]) within its timeout; the client
 //!    address it names is the one logs use from then on ([`read_proxy_header`]),
 //!    and its network the one `client_connections_total` counts
-//!    ([`crate::admin::client_networks`]);
+//!    ([`crate::stats::client_networks`]);
 //! 3. the first record of the ClientHello, read within
 //!    `handshakeTimeoutSeconds` and left for rustls: a session ticket this
 //!    deployment issued ([`crate::tls::tickets`]) marks a returning agent;
@@ -19,22 +19,21 @@
 //! 5. mTLS with the configuration current *now* ([`crate::tls::ServerTls`],
 //!    reloaded from disk) within `handshakeTimeoutSeconds`;
 //! 6. the connection is named — identity from the leaf certificate, binding
-//!    from the TLS exporter — and served by the relay
-//!    ([`crate::relay::server`]) with that name; its HTTP/2 preface and
+//!    from the TLS exporter — and served by the tunnel
+//!    ([`crate::tunnel::server`]) with that name; its HTTP/2 preface and
 //!    first SETTINGS are due within `prefaceTimeoutSeconds`.
 //!
 //! With an `ingress` configured, step 3 onwards is [`ingress`]'s: TLS chosen
 //! by SNI, HTTP/1.1 and HTTP/2, requests routed as nginx would, agent names
 //! and tunnel paths still reaching step 4.
 //!
-//! Every refusal is counted by reason ([`crate::admin::Refusal`]). A connection
+//! Every refusal is counted by reason ([`crate::stats::Refusal`]). A connection
 //! with no open stream for `idleTimeoutSeconds` is closed. Past its maximum
 //! age (with jitter) the agent gets `Reconnect{max-age}` on its `Control`
 //! stream and GOAWAY after the grace. On shutdown the listener stops accepting
 //! and every connection gets `Reconnect{draining}` and GOAWAY (in-flight
 //! streams go on) and is closed when the grace period ends.
 
-pub mod cidr;
 pub mod ingress;
 pub mod limits;
 pub mod log_summary;
@@ -54,13 +53,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::cidr::Cidr;
-use self::limits::{Admission, AdmissionLimits, Refused, Slots};
+use self::limits::{Admission, AdmissionLimits, Refused};
 use self::prefixed::Prefixed;
 use self::proxy_protocol::{Parse, ProxyHeader};
-use crate::admin::metrics::ClientResult;
-use crate::admin::{Counter, Refusal};
+use crate::cidr::Cidr;
 use crate::config::ListenerConfig;
+use crate::limits::Slots;
+use crate::stats::metrics::ClientResult;
+use crate::stats::{Counter, Refusal};
 use crate::tls::ServerTls;
 use crate::tunnel::{self, ConnPeer, ControlSlot, Shared};
 
@@ -312,7 +312,7 @@ pub async fn read_proxy_header<S>(
 where
     S: AsyncRead + Unpin,
 {
-    let is_trusted = cidr::any_contains(trusted, peer.ip());
+    let is_trusted = crate::cidr::any_contains(trusted, peer.ip());
     if !is_trusted && required {
         return Err(Some(Refusal::UntrustedSource));
     }
@@ -388,7 +388,7 @@ struct Connection {
 }
 
 /// Keeps `connections_open` right however the connection ends.
-struct OpenGauge(Arc<crate::admin::Stats>);
+struct OpenGauge(Arc<crate::stats::Stats>);
 
 impl Drop for OpenGauge {
     fn drop(&mut self) {
@@ -607,7 +607,7 @@ impl Connection {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let settings = &self.settings;
-        let limits = crate::relay::server::AgentLimits {
+        let limits = crate::tunnel::server::AgentLimits {
             max_concurrent_streams: settings.max_concurrent_streams,
             max_header_list_size: MAX_HEADER_LIST_SIZE,
             idle_timeout: settings.idle_timeout,
@@ -618,7 +618,7 @@ impl Connection {
             preface_timeout: settings.preface_timeout,
         };
         // Boxed at its own size; this future keeps a pointer.
-        Box::pin(crate::relay::server::serve(
+        Box::pin(crate::tunnel::server::serve(
             io,
             peer,
             self.shared.clone(),

@@ -30,8 +30,8 @@ use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Stats;
 use crate::config::TlsConfig;
+use crate::stats::Stats;
 
 /// Why TLS material could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -278,7 +278,7 @@ impl ServerTls {
                 self.stats
                     .metrics()
                     .cert_reloads
-                    .get_or_create(&crate::admin::metrics::ResultLabel { result: "ok" })
+                    .get_or_create(&crate::stats::metrics::ResultLabel { result: "ok" })
                     .inc();
                 tracing::info!(
                     cert = %self.files.cert_file.display(),
@@ -292,7 +292,7 @@ impl ServerTls {
                 self.stats
                     .metrics()
                     .cert_reloads
-                    .get_or_create(&crate::admin::metrics::ResultLabel { result: "failed" })
+                    .get_or_create(&crate::stats::metrics::ResultLabel { result: "failed" })
                     .inc();
                 tracing::error!(
                     cert = %self.files.cert_file.display(),
@@ -314,63 +314,6 @@ impl ServerTls {
     }
 }
 
-/// Hashes of a reloadable file set: the content in service and the content
-/// last refused (so a bad file is refused, and logged, once).
-#[derive(Debug)]
-pub(crate) struct Seen {
-    current: Vec<u8>,
-    refused: Option<Vec<u8>>,
-}
-
-impl Seen {
-    /// Content `current` is in service.
-    pub(crate) fn new(current: Vec<u8>) -> Self {
-        Self {
-            current,
-            refused: None,
-        }
-    }
-
-    /// Whether `hash` is neither in service nor already refused.
-    pub(crate) fn is_new(&self, hash: &[u8]) -> bool {
-        self.current != hash && self.refused.as_deref() != Some(hash)
-    }
-
-    /// `hash` is now in service.
-    pub(crate) fn accept(&mut self, hash: Vec<u8>) {
-        *self = Self::new(hash);
-    }
-
-    /// `hash` did not load.
-    pub(crate) fn refuse(&mut self, hash: Vec<u8>) {
-        self.refused = Some(hash);
-    }
-}
-
-/// Runs `check` every `interval` until `shutdown`, on the blocking pool:
-/// file reads and certificate or key parsing block, so they stay off the
-/// runtime's worker threads.
-pub(crate) async fn poll_blocking<F>(
-    interval: Duration,
-    shutdown: CancellationToken,
-    what: &'static str,
-    check: F,
-) where
-    F: Fn() + Clone + Send + 'static,
-{
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if tokio::task::spawn_blocking(check.clone()).await.is_err() {
-            tracing::warn!(what, "reload check panicked");
-        }
-    }
-}
-
 /// Checks the TLS files every `interval` until shutdown.
 #[derive(Debug)]
 pub struct TlsReloader {
@@ -387,7 +330,7 @@ impl TlsReloader {
     /// Runs until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
         let tls = self.tls;
-        poll_blocking(self.interval, shutdown, "TLS files", move || {
+        crate::reload::poll_blocking(self.interval, shutdown, "TLS files", move || {
             tls.reload();
         })
         .await;

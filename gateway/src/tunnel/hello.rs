@@ -19,9 +19,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{ControlSlot, Shared};
-use crate::admin::{Counter, Refusal};
 use crate::identity::AgentPeer;
 use crate::identity::owners::Claimed;
+use crate::stats::{Counter, Refusal};
 use crate::token::Claims;
 
 /// Most accounts one `Hello` may offer: a bound on the work one request makes.
@@ -272,9 +272,9 @@ mod tests {
     use spinlink_tls::binding::ConnectionBinding;
 
     use super::*;
-    use crate::admin::Stats;
     use crate::config::PolicyRule;
     use crate::identity::Policy;
+    use crate::stats::Stats;
     use crate::token::TokenKey;
 
     fn service() -> HelloService {

@@ -4,10 +4,12 @@
 //! checked against their channel token and the identity's stream budget and
 //! carried to a sidecar ([`proxy`]), and so is `Assignments`, checked
 //! against the agent id of the connection's `Hello`; anything else is `Unimplemented`. Errors
-//! become gRPC statuses here and nowhere else ([`status`]).
+//! become gRPC statuses here and nowhere else ([`status`]). [`server`] is the
+//! agent connection itself, on the HTTP/2 [`crate::engine`].
 
 pub mod hello;
 pub mod proxy;
+pub mod server;
 pub mod status;
 
 use std::sync::{Arc, Mutex};
@@ -19,12 +21,12 @@ use spinlink_proto::v1::tunnel_server::TunnelServer;
 use tonic::body::Body;
 use tower::ServiceExt;
 
-use crate::admin::{AuthFailure, Refusal, Stats};
 use crate::config::ListenerConfig;
 use crate::identity::jwt::{BOOTSTRAP_JWT_HEADER, JwtVerifier};
 use crate::identity::owners::{ConnGrants, Owners};
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER, Policy};
-use crate::listener::limits::{KeyedBuckets, Slots};
+use crate::limits::{KeyedBuckets, Slots};
+use crate::stats::{AuthFailure, Refusal, Stats};
 use crate::token::TokenKey;
 use crate::upstream::UpstreamSet;
 
@@ -66,7 +68,7 @@ pub struct TunnelLimits {
     /// (`listener.maxMessageBytes`).
     pub max_message_bytes: u32,
     /// What all agent connections may hold (`listener.maxBufferedBytes`).
-    pub buffers: Arc<crate::relay::budget::Budget>,
+    pub buffers: Arc<crate::engine::budget::Budget>,
     /// Carried streams per identity (`listener.maxStreamsPerIdentity`).
     pub identity_streams: Arc<Slots<Arc<str>>>,
     /// Between `Heartbeat`s on a `Control` stream
@@ -82,7 +84,7 @@ impl TunnelLimits {
             cancels: KeyedBuckets::new(listener.cancels_per_second, listener.cancel_burst),
             max_hello_bytes: listener.max_hello_bytes,
             max_message_bytes: u32::try_from(listener.max_message_bytes).unwrap_or(u32::MAX),
-            buffers: crate::relay::budget::Budget::new(listener.max_buffered_bytes),
+            buffers: crate::engine::budget::Budget::new(listener.max_buffered_bytes),
             identity_streams: Slots::new(listener.max_streams_per_identity),
             control_heartbeat: (listener.control_heartbeat_seconds > 0)
                 .then(|| Duration::from_secs(listener.control_heartbeat_seconds)),
@@ -192,7 +194,7 @@ pub fn send_reconnect(slot: &ControlSlot, reason: &str, deadline: Duration) -> b
 }
 
 /// A request's headers as the checks read them: hyper's map on ingress
-/// connections, the relay's decoded fields on agent connections (no map
+/// connections, the engine's decoded fields on agent connections (no map
 /// built per stream).
 pub trait RequestHeaders {
     /// How many values `name` has.
@@ -335,7 +337,7 @@ impl ConnPeer {
 }
 
 /// Serves one request of a connection hyper serves (an ingress connection),
-/// or a `Hello` the relay hands over.
+/// or a `Hello` the engine hands over.
 pub async fn handle<B>(shared: Arc<Shared>, conn: &ConnPeer, mut req: Request<B>) -> Response<Body>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,

@@ -5,8 +5,7 @@
 //! the sidecar gets in place of the agent's ([`upstream_fields`]): the
 //! gateway's verified headers instead of anything the agent claimed.
 //!
-//! The relay ([`crate::relay`]) carries the streams of agent connections
-//! with these; [`forward`] carries those of ingress connections, which hyper
+//! Agent connections ([`super::server`]) carry their streams with these; [`forward`] carries those of ingress connections, which hyper
 //! serves, through a bridge onto the same pooled sidecar connections. Each
 //! carried stream holds one of its identity's `listener.maxStreamsPerIdentity`
 //! slots until it ends.
@@ -25,11 +24,11 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::{RequestHeaders, Shared, status};
-use crate::admin::{AuthFailure, Counter, Refusal};
+use crate::engine::bridge::{BridgeBody, BridgeError};
+use crate::engine::link::Fields;
 use crate::identity::{AgentPeer, DEV_IDENTITY_HEADER};
-use crate::listener::limits::Slot;
-use crate::relay::bridge::{BridgeBody, BridgeError};
-use crate::relay::link::Fields;
+use crate::limits::Slot;
+use crate::stats::{AuthFailure, Counter, Refusal};
 use crate::token::{Claims, Refused};
 use crate::upstream::{BoxError, Lease, Target};
 

@@ -12,81 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Target, UpstreamSet};
-
-/// How a configured upstream URL becomes instances (`upstreams[].discovery`):
-/// `static`, `dns`, or `{endpointSlices: {...}}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Discovery {
-    /// The URL is one instance.
-    #[default]
-    Static,
-    /// Every address the URL's host resolves to is an instance; resolved
-    /// again every `upstreamPool.dnsRefreshSeconds`.
-    Dns,
-    /// Every ready endpoint of a Service's EndpointSlices is an instance
-    /// (watched); the URL gives the scheme, the TLS name and the port used
-    /// when the slices name none.
-    EndpointSlices(EndpointSliceConfig),
-}
-
-// By hand: serde's externally tagged enums are YAML tags (`!dns`) in
-// serde_norway; plain `dns` and a one-key map read better.
-impl<'de> Deserialize<'de> for Discovery {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        const NAMES: &[&str] = &["static", "dns", "endpointSlices"];
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = Discovery;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("`static`, `dns` or `{endpointSlices: {...}}`")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Discovery, E> {
-                match v {
-                    "static" => Ok(Discovery::Static),
-                    "dns" => Ok(Discovery::Dns),
-                    other => Err(E::unknown_variant(other, NAMES)),
-                }
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Discovery, A::Error> {
-                use serde::de::Error as _;
-                let Some(key) = map.next_key::<String>()? else {
-                    return Err(A::Error::custom("expected `endpointSlices: {...}`"));
-                };
-                if key != "endpointSlices" {
-                    return Err(A::Error::unknown_field(&key, &["endpointSlices"]));
-                }
-                let config = map.next_value::<EndpointSliceConfig>()?;
-                if let Some(extra) = map.next_key::<String>()? {
-                    return Err(A::Error::unknown_field(&extra, &[]));
-                }
-                Ok(Discovery::EndpointSlices(config))
-            }
-        }
-        d.deserialize_any(Visitor)
-    }
-}
-
-/// `discovery: {endpointSlices: {...}}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct EndpointSliceConfig {
-    /// The Service whose slices are watched (label
-    /// `kubernetes.io/service-name`). Required.
-    pub service: String,
-    /// Its namespace; the client's default namespace when absent.
-    pub namespace: Option<String>,
-    /// The slice port to dial, by name; the only port when absent.
-    pub port_name: Option<String>,
-    /// Kubeconfig file of the cluster; in-cluster (or `KUBECONFIG`) when absent.
-    pub kubeconfig: Option<std::path::PathBuf>,
-}
+use crate::config::upstreams::EndpointSliceConfig;
 
 /// Resolves `host:port` to addresses; the system resolver unless a test
 /// supplies another.

@@ -11,88 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Instance, UpstreamSet};
-use crate::relay::link::Fields;
-
-/// Default seconds between health checks of each instance.
-pub const DEFAULT_INTERVAL_SECONDS: u64 = 5;
-/// Default seconds one check may take.
-pub const DEFAULT_TIMEOUT_SECONDS: u64 = 2;
-/// Default failed checks in a row that take an instance out.
-pub const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 2;
-/// Default passed checks in a row that bring it back.
-pub const DEFAULT_HEALTHY_THRESHOLD: u32 = 1;
-/// Default path of the check request: the standard gRPC health service.
-pub const DEFAULT_PATH: &str = "/grpc.health.v1.Health/Check";
-/// Default failed stream opens in a row that eject an instance.
-pub const DEFAULT_CONSECUTIVE_ERRORS: u32 = 5;
-/// Default first ejection time; each further ejection adds as much again.
-pub const DEFAULT_EJECTION_SECONDS: u64 = 30;
-/// Longest ejection.
-pub const MAX_EJECTION_SECONDS: u64 = 300;
-
-/// `upstreamPool.healthCheck`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct HealthCheckConfig {
-    /// Seconds between checks of each instance; 0 turns checks off.
-    pub interval_seconds: u64,
-    /// Seconds one check may take (dial included).
-    pub timeout_seconds: u64,
-    /// Failed checks in a row that take an instance out of rotation.
-    pub unhealthy_threshold: u32,
-    /// Passed checks in a row that bring it back.
-    pub healthy_threshold: u32,
-    /// gRPC path of the check request (an empty message is sent).
-    pub path: String,
-}
-
-impl Default for HealthCheckConfig {
-    fn default() -> Self {
-        Self {
-            interval_seconds: DEFAULT_INTERVAL_SECONDS,
-            timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
-            unhealthy_threshold: DEFAULT_UNHEALTHY_THRESHOLD,
-            healthy_threshold: DEFAULT_HEALTHY_THRESHOLD,
-            path: DEFAULT_PATH.to_owned(),
-        }
-    }
-}
-
-/// `upstreamPool.outlier`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct OutlierConfig {
-    /// Streams in a row that could not be opened on an instance before it
-    /// is ejected; 0 turns ejection off.
-    pub consecutive_errors: u32,
-    /// Seconds of the first ejection; the n-th lasts n times as long (at
-    /// most [`MAX_EJECTION_SECONDS`]).
-    pub ejection_seconds: u64,
-}
-
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        Self {
-            consecutive_errors: DEFAULT_CONSECUTIVE_ERRORS,
-            ejection_seconds: DEFAULT_EJECTION_SECONDS,
-        }
-    }
-}
-
-impl OutlierConfig {
-    /// How long the `n`-th ejection (from 1) lasts.
-    pub fn ejection(&self, n: u32) -> Duration {
-        Duration::from_secs(
-            self.ejection_seconds
-                .saturating_mul(u64::from(n.max(1)))
-                .min(MAX_EJECTION_SECONDS.max(self.ejection_seconds)),
-        )
-    }
-}
+use crate::config::upstreams::HealthCheckConfig;
+use crate::engine::link::Fields;
 
 /// Checks every instance of a set, round after round, until shut down.
 #[derive(Debug)]
@@ -186,18 +109,5 @@ impl HealthChecker {
                 false
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ejections_grow_to_a_bound() {
-        let c = OutlierConfig::default();
-        assert_eq!(c.ejection(1), Duration::from_secs(30));
-        assert_eq!(c.ejection(3), Duration::from_secs(90));
-        assert_eq!(c.ejection(100), Duration::from_secs(MAX_EJECTION_SECONDS));
     }
 }

@@ -8,6 +8,7 @@
 //! streams. Many agent streams multiplex on each connection; HTTP/2 flow
 //! control is per stream, so one slow account does not stall the others.
 
+pub mod client;
 pub mod discovery;
 pub mod health;
 pub mod set;
@@ -26,8 +27,8 @@ use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 use crate::config::UpstreamTlsConfig;
-use crate::relay::bridge::{Bridge, BridgeBody};
-use crate::relay::link::{Fields, Link, Route, Side};
+use crate::engine::bridge::{Bridge, BridgeBody};
+use crate::engine::link::{Fields, Link, Route, Side};
 
 /// How long dialling a sidecar (TCP and TLS handshakes) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,7 +67,7 @@ pub enum Error {
         url: String,
         /// Why.
         #[source]
-        source: crate::relay::bridge::BridgeError,
+        source: crate::engine::bridge::BridgeError,
     },
 }
 
@@ -226,8 +227,8 @@ impl UpstreamTls {
 /// when its response head arrived, `false` when it failed before one.
 pub type Outcome = Arc<dyn Fn(bool) + Send + Sync>;
 
-/// A pool of HTTP/2 connections to one sidecar, each driven by the relay's
-/// client task ([`crate::relay::client`]).
+/// A pool of HTTP/2 connections to one sidecar, each driven by the engine's
+/// client task ([`client`]).
 pub struct Upstream {
     target: Target,
     tls: Option<(TlsConnector, ServerName<'static>)>,
@@ -346,15 +347,14 @@ impl Upstream {
     /// Starts a connection: its link at once (streams may be opened on it
     /// while it dials), its task in the background.
     fn dial(&self) -> Arc<Link> {
-        let local = crate::relay::client::local();
+        let local = client::local();
         let link = Link::new(
             Side::Client,
             Arc::from(self.target.url.as_str()),
             local.preamble(Side::Client),
-            spinlink_http2::hpack::Encoder::new(crate::relay::client::ENCODER_TABLE)
-                .without_huffman(),
+            spinlink_http2::hpack::Encoder::new(client::ENCODER_TABLE).without_huffman(),
         );
-        tokio::spawn(crate::relay::client::run(crate::relay::client::Dial {
+        tokio::spawn(client::run(client::Dial {
             link: link.clone(),
             target: self.target.clone(),
             tls: self.tls.clone(),

@@ -24,75 +24,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use prometheus_client::metrics::gauge::Gauge;
-use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::health::{HealthCheckConfig, OutlierConfig};
 use super::{Target, Upstream, UpstreamTls};
-use crate::admin::Stats;
-use crate::admin::metrics::UpstreamLabel;
+use crate::config::upstreams::{HealthCheckConfig, UpstreamPoolConfig};
 use crate::route;
-
-/// Default load factor c: no instance takes more than 1.25 times the mean.
-pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
-/// Default seconds between DNS re-resolutions.
-pub const DEFAULT_DNS_REFRESH_SECONDS: u64 = 30;
-
-/// `upstreamPool` in the gateway configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
-pub struct UpstreamPoolConfig {
-    /// Bounded-load factor c (at least 1): no instance holds more than
-    /// `ceil(c · mean)` accounts.
-    pub load_factor: f64,
-    /// Seconds between re-resolutions of `discovery: dns` upstreams.
-    pub dns_refresh_seconds: u64,
-    /// Active health checks.
-    pub health_check: HealthCheckConfig,
-    /// Passive outlier ejection.
-    pub outlier: OutlierConfig,
-}
-
-impl Default for UpstreamPoolConfig {
-    fn default() -> Self {
-        Self {
-            load_factor: DEFAULT_LOAD_FACTOR,
-            dns_refresh_seconds: DEFAULT_DNS_REFRESH_SECONDS,
-            health_check: HealthCheckConfig::default(),
-            outlier: OutlierConfig::default(),
-        }
-    }
-}
-
-impl UpstreamPoolConfig {
-    /// Checks the values serde cannot; `Err((key, message))`.
-    pub fn validate(&self) -> Result<(), (&'static str, &'static str)> {
-        if !(self.load_factor.is_finite() && self.load_factor >= 1.0) {
-            return Err(("loadFactor", "must be a number of at least 1"));
-        }
-        if self.dns_refresh_seconds == 0 {
-            return Err(("dnsRefreshSeconds", "must be at least 1"));
-        }
-        let h = &self.health_check;
-        if h.timeout_seconds == 0 {
-            return Err(("healthCheck.timeoutSeconds", "must be at least 1"));
-        }
-        if h.unhealthy_threshold == 0 {
-            return Err(("healthCheck.unhealthyThreshold", "must be at least 1"));
-        }
-        if h.healthy_threshold == 0 {
-            return Err(("healthCheck.healthyThreshold", "must be at least 1"));
-        }
-        if !h.path.starts_with('/') || h.path.parse::<http::uri::PathAndQuery>().is_err() {
-            return Err(("healthCheck.path", "must be a path starting with `/`"));
-        }
-        if self.outlier.consecutive_errors > 0 && self.outlier.ejection_seconds == 0 {
-            return Err(("outlier.ejectionSeconds", "must be at least 1"));
-        }
-        Ok(())
-    }
-}
+use crate::stats::Stats;
+use crate::stats::metrics::UpstreamLabel;
 
 #[derive(Debug)]
 struct Health {
@@ -507,7 +446,7 @@ impl UpstreamSet {
     /// Records a stream that could not be opened on `instance`; enough in a
     /// row eject it (outlier detection).
     pub fn stream_failed(&self, instance: &Instance) {
-        self.stats.incr(crate::admin::Counter::UpstreamUnavailable);
+        self.stats.incr(crate::stats::Counter::UpstreamUnavailable);
         let outlier = &self.config.outlier;
         let ejected = {
             let mut h = instance.health.lock().unwrap_or_else(|e| e.into_inner());

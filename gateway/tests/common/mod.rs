@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use http::HeaderMap;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use spinlink_gateway::admin::Stats;
+use spinlink_gateway::stats::Stats;
 use spinlink_gateway::{Config, Gateway};
 use spinlink_proto::headers;
 use spinlink_proto::v1::tunnel_client::TunnelClient;
@@ -605,7 +605,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// Waits until `stats` count at least `n` refusals for `reason`.
-pub async fn wait_refusals(stats: &Stats, reason: spinlink_gateway::admin::Refusal, n: u64) {
+pub async fn wait_refusals(stats: &Stats, reason: spinlink_gateway::stats::Refusal, n: u64) {
     tokio::time::timeout(
         WAIT,
         stats.wait_until(|s| s.metrics().refusals(reason) >= n),
@@ -725,7 +725,7 @@ pub async fn eventually(what: &str, done: impl Fn() -> bool) {
 /// Streams open now and carried in all to the upstream `url`, as its
 /// `streams_open` and `streams_total` series say.
 pub fn upstream_streams(stats: &Stats, url: &str) -> (i64, u64) {
-    let label = spinlink_gateway::admin::metrics::UpstreamLabel {
+    let label = spinlink_gateway::stats::metrics::UpstreamLabel {
         upstream: url.to_owned(),
     };
     let m = stats.metrics();

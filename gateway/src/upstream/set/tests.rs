@@ -1,6 +1,7 @@
 //! Assignment, bounded load, retirement and rotation of an [`UpstreamSet`].
 
 use super::*;
+use crate::config::upstreams::DEFAULT_LOAD_FACTOR;
 
 fn targets(n: usize) -> Vec<Target> {
     (0..n)
@@ -110,7 +111,8 @@ async fn outliers_are_ejected_and_their_streams_end() {
     );
 }
 
-const DEFAULT_CONSECUTIVE_ERRORS_FOR_TEST: u32 = super::super::health::DEFAULT_CONSECUTIVE_ERRORS;
+const DEFAULT_CONSECUTIVE_ERRORS_FOR_TEST: u32 =
+    crate::config::upstreams::DEFAULT_CONSECUTIVE_ERRORS;
 
 #[tokio::test]
 async fn failed_health_checks_take_an_instance_out_until_it_passes() {

@@ -1,5 +1,6 @@
-//! Agent connections, the server side of the relay. Each stream an agent
-//! opens is decided on its head, by gRPC path:
+//! Agent connections: the tunnel's [`Role`] on the HTTP/2 engine
+//! ([`crate::engine::conn`]). Each stream an agent opens is decided on its
+//! head, by gRPC path:
 //!
 //! - `Cache` and `Relay` (and `Assignments`) pass the checks of
 //!   [`crate::tunnel::proxy`] and are opened on the connection the chosen
@@ -29,15 +30,15 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
-use super::bridge::{self, Bridge};
-use super::conn::{
-    Conn, ConnError, Glitch, InStream, Local, Offence, Role, Signal, StreamRefused, Target,
+use super::proxy::{self, Admitted};
+use super::{ConnPeer, Shared, status};
+use crate::engine::bridge::{self, Bridge};
+use crate::engine::conn::{
+    Conn, ConnError, InStream, Local, Offence, Role, Signal, StreamRefused, Target,
 };
-use super::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
-use crate::admin::{Counter, Refusal};
-use crate::listener::limits::TokenBucket;
-use crate::tunnel::proxy::{self, Admitted};
-use crate::tunnel::{self, ConnPeer, Shared, status};
+use crate::engine::link::{Failure, Fields, Link, Route, Side, Sink, grpc_status_fields};
+use crate::limits::TokenBucket;
+use crate::stats::{Counter, Glitch, Refusal};
 
 /// Receive window of each agent stream: enough for a cluster's initial
 /// listing to flow over a long round trip; a stream whose sidecar stalls
@@ -102,7 +103,7 @@ struct AgentRole {
     glitches: TokenBucket,
     timer: Pin<Box<Sleep>>,
     /// Its place under the gateway's buffer budget.
-    budget: super::budget::Registration,
+    budget: crate::engine::budget::Registration,
 }
 
 impl AgentRole {
@@ -155,7 +156,7 @@ impl AgentRole {
             bridge.clone(),
         );
         tokio::spawn(async move {
-            let response = tunnel::handle(shared, &peer, req).await;
+            let response = super::handle(shared, &peer, req).await;
             let (parts, body) = response.into_parts();
             let end = http_body::Body::is_end_stream(&body);
             link2.headers(
@@ -483,7 +484,7 @@ impl Role for AgentRole {
 struct Carried {
     _carried: crate::upstream::Carried,
     _lease: crate::upstream::Lease,
-    _slot: crate::listener::limits::Slot<Arc<str>>,
+    _slot: crate::limits::Slot<Arc<str>>,
 }
 
 /// The value of field `name` (empty if absent).

@@ -10,8 +10,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::task::JoinHandle;
 
 use super::*;
-use crate::relay::link::Sink;
-use crate::relay::link::tests::Recorder;
+use crate::engine::link::Sink;
+use crate::engine::link::tests::Recorder;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -689,7 +689,7 @@ async fn a_peer_that_stops_answering_pings_is_dropped() {
     assert_eq!(*s.sink.fails.lock().unwrap(), [(1, Failure::Cancel)]);
 }
 
-use crate::relay::link::grpc_status_fields;
+use crate::engine::link::grpc_status_fields;
 
 /// The client side: answers routed to whoever opened the stream.
 struct TestClient {

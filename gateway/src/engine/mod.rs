@@ -1,9 +1,12 @@
-//! The relay: the gateway's own HTTP/2, built for carrying agent streams to
-//! sidecars at the frame level.
+//! The engine: the gateway's own HTTP/2, built for carrying agent streams to
+//! sidecars at the frame level. It knows connections and streams, not what
+//! they carry: the agent-facing side ([`crate::tunnel::server`]) and the
+//! sidecar-facing side ([`crate::upstream::client`]) plug in as a
+//! [`conn::Role`], and the engine names neither.
 //!
-//! Every HTTP/2 connection — agent-facing ([`server`]) or sidecar-facing
-//! ([`client`]) — is one task driving a [`conn::Conn`], and one [`link::Link`]
-//! through which anything it sends is encoded, in order, under flow control.
+//! Every HTTP/2 connection is one task driving a [`conn::Conn`], and one
+//! [`link::Link`] through which anything it sends is encoded, in order,
+//! under flow control.
 //! A carried stream is two halves, one on each connection, each knowing the
 //! other's link and id ([`link::Route`]): a task reading a DATA frame from
 //! its socket writes it straight into the other connection's link, within
@@ -25,11 +28,9 @@
 
 pub mod bridge;
 pub mod budget;
-pub mod client;
 pub mod conn;
 pub mod link;
 pub mod messages;
-pub mod server;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};

@@ -28,7 +28,7 @@ use std::time::Duration;
 use futures::task::AtomicWaker;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Stats;
+use crate::stats::Stats;
 
 /// How often the connections' reports are added up.
 pub const SWEEP: Duration = Duration::from_millis(100);

@@ -1,6 +1,6 @@
-//! Connections to sidecars, the client side of the relay: dialled by an
-//! upstream pool ([`crate::upstream::Upstream`]) — TCP, then TLS with the
-//! gateway's client certificate (or h2c for `http://` upstreams) — and driven
+//! Connections to sidecars: the upstream's [`Role`] on the HTTP/2 engine
+//! ([`crate::engine::conn`]), dialled by an upstream pool
+//! ([`super::Upstream`]) — TCP, then TLS with the gateway's client certificate (or h2c for `http://` upstreams) — and driven
 //! by [`Conn`]. Streams are opened on the [`Link`] by agent connections (and
 //! bridges) at once, even while the connection is still being dialled: their
 //! frames wait in the link until it is up. If dialling fails, every stream
@@ -17,11 +17,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::conn::{Conn, InStream, Local, Role, Signal};
-use super::link::{Failure, Fields, Link, Side};
-use crate::upstream::{
+use super::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Outcome, Target,
 };
+use crate::engine::conn::{Conn, InStream, Local, Role, Signal};
+use crate::engine::link::{Failure, Fields, Link, Side};
 
 /// HPACK table the gateway keeps per sidecar connection: the verified
 /// headers repeat on every stream, and there are few such connections.

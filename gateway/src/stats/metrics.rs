@@ -468,7 +468,7 @@ impl Metrics {
     }
 
     /// Counts a glitch charged to an agent connection.
-    pub fn glitch(&self, glitch: crate::relay::conn::Glitch) {
+    pub fn glitch(&self, glitch: Glitch) {
         self.glitches
             .get_or_create(&KindLabel {
                 kind: glitch.as_str(),
@@ -477,7 +477,7 @@ impl Metrics {
     }
 
     /// Glitches counted of `glitch`'s kind.
-    pub fn glitches(&self, glitch: crate::relay::conn::Glitch) -> u64 {
+    pub fn glitches(&self, glitch: Glitch) -> u64 {
         self.glitches
             .get(&KindLabel {
                 kind: glitch.as_str(),
@@ -530,5 +530,61 @@ impl Metrics {
         self.bytes
             .get_or_create(&DirectionLabel { direction })
             .clone()
+    }
+}
+
+/// A frame that is legal but does no work, or a stream that ends before it
+/// did any: each costs the peer a point of its connection's misbehaviour
+/// budget (the model of HAProxy's `tune.h2.fe.glitches-threshold`). An
+/// honest agent spends a few an hour; a flood of them (rapid reset,
+/// MadeYouReset, empty DATA, PRIORITY, tiny WINDOW_UPDATE, SETTINGS or PING
+/// floods) spends the budget in a second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Glitch {
+    /// The peer's RST_STREAM (rapid reset, CVE-2023-44487).
+    PeerReset,
+    /// A stream this side reset for the peer's fault (MadeYouReset,
+    /// CVE-2025-8671: a WINDOW_UPDATE of 0, DATA past the window or after
+    /// END_STREAM).
+    StreamError,
+    /// DATA with no payload and no END_STREAM.
+    EmptyData,
+    /// PRIORITY (deprecated by RFC 9113; ignored here).
+    Priority,
+    /// A WINDOW_UPDATE of less than `TINY_WINDOW_UPDATE` octets.
+    TinyWindowUpdate,
+    /// A SETTINGS frame (not its acknowledgement).
+    Settings,
+    /// A PING (not its acknowledgement).
+    Ping,
+    /// A frame of a type this side does not know.
+    UnknownFrame,
+}
+
+impl Glitch {
+    /// Every kind, for tests and dashboards.
+    pub const ALL: [Glitch; 8] = [
+        Self::PeerReset,
+        Self::StreamError,
+        Self::EmptyData,
+        Self::Priority,
+        Self::TinyWindowUpdate,
+        Self::Settings,
+        Self::Ping,
+        Self::UnknownFrame,
+    ];
+
+    /// The label value (`kind` of `spinlink_gateway_h2_glitches_total`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PeerReset => "peer_reset",
+            Self::StreamError => "stream_error",
+            Self::EmptyData => "empty_data",
+            Self::Priority => "priority",
+            Self::TinyWindowUpdate => "tiny_window_update",
+            Self::Settings => "settings",
+            Self::Ping => "ping",
+            Self::UnknownFrame => "unknown_frame",
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! The gateway's configuration file (YAML): what it listens on, the TLS files,
 //! which identities may serve which accounts, and the sidecars it carries
-//! streams to. [`Config::from_file`] parses and validates in one step; every
-//! error names the key and the file.
+//! streams to. Plain data: [`Config::from_file`] parses and validates each
+//! value on its own; [`crate::Gateway::check`] compiles what needs the other
+//! modules (policy, upstream URLs, ingress). Every error names the key and
+//! the file.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -10,6 +12,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use spinlink_tls::identity::IdentitySource;
 
+pub mod upstreams;
+
+use self::upstreams::{Discovery, UpstreamPoolConfig};
 use crate::{Error, Result};
 
 /// Default listen address: every interface, port 7443.
@@ -21,6 +26,10 @@ pub const DEFAULT_GATEWAY_ID: &str = "spinlink-gateway";
 pub const DEFAULT_TOKEN_TTL_SECONDS: u64 = 900;
 /// Longest channel token lifetime accepted: a day.
 pub const MAX_TOKEN_TTL_SECONDS: u64 = 86_400;
+/// Default claim listing the accounts a bootstrap JWT grants.
+pub const DEFAULT_ACCOUNTS_CLAIM: &str = "spinlink_accounts";
+/// Default clock skew allowed on `exp` and `nbf`, in seconds.
+pub const DEFAULT_LEEWAY_SECONDS: u64 = 30;
 /// Default number of HTTP/2 connections kept to each upstream sidecar.
 pub const DEFAULT_UPSTREAM_CONNECTIONS: usize = 2;
 /// Most HTTP/2 connections kept to one upstream sidecar.
@@ -130,10 +139,10 @@ pub struct Config {
     pub listener: ListenerConfig,
     /// Bootstrap JWTs for agents without client certificates; when set, TLS
     /// accepts connections without one and their `Hello` must carry a JWT.
-    pub jwt_bootstrap: Option<crate::identity::jwt::JwtBootstrapConfig>,
+    pub jwt_bootstrap: Option<JwtBootstrapConfig>,
     /// Bounded-load factor, DNS refresh, health checks and outlier ejection
     /// of the upstream instances.
-    pub upstream_pool: crate::upstream::set::UpstreamPoolConfig,
+    pub upstream_pool: UpstreamPoolConfig,
     /// Ingress routes for Spinnaker's UI and API (and gRPC) on the same
     /// listener: the model `spinlink nginx convert` writes (see
     /// `docs/ingress.md`). Absent: the listener serves agents only.
@@ -160,7 +169,7 @@ impl Default for Config {
             admin: None,
             listener: ListenerConfig::default(),
             jwt_bootstrap: None,
-            upstream_pool: crate::upstream::set::UpstreamPoolConfig::default(),
+            upstream_pool: UpstreamPoolConfig::default(),
             ingress: None,
             origin: "<default>".to_owned(),
         }
@@ -397,6 +406,36 @@ pub struct PolicyRule {
     pub accounts: Vec<String>,
 }
 
+/// `jwtBootstrap` in the gateway configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct JwtBootstrapConfig {
+    /// JWKS (RFC 7517) file of the public keys bootstrap JWTs are signed with:
+    /// EC P-256 (ES256), RSA (RS256) or OKP Ed25519 (EdDSA).
+    pub jwks_file: PathBuf,
+    /// Accepted `aud` values; a JWT must name at least one. Required.
+    pub audiences: Vec<String>,
+    /// Accepted `iss` values; empty accepts any issuer.
+    pub issuers: Vec<String>,
+    /// Claim holding the accounts (a list of names or globs, or one
+    /// space-separated string).
+    pub accounts_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_seconds: u64,
+}
+
+impl Default for JwtBootstrapConfig {
+    fn default() -> Self {
+        Self {
+            jwks_file: PathBuf::new(),
+            audiences: Vec::new(),
+            issuers: Vec::new(),
+            accounts_claim: DEFAULT_ACCOUNTS_CLAIM.to_owned(),
+            leeway_seconds: DEFAULT_LEEWAY_SECONDS,
+        }
+    }
+}
+
 /// A sidecar tunnel endpoint.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
@@ -408,7 +447,7 @@ pub struct UpstreamConfig {
     /// default), `dns` (every address it resolves to, re-resolved every
     /// `upstreamPool.dnsRefreshSeconds`) or `{endpointSlices: {service,
     /// namespace, portName, kubeconfig}}` (a watch of the Service's slices).
-    pub discovery: crate::upstream::discovery::Discovery,
+    pub discovery: Discovery,
 }
 
 /// TLS towards the sidecars.
@@ -447,7 +486,9 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks the values serde cannot: required keys, ranges, globs, URLs.
+    /// Checks the values serde cannot: required keys, ranges, CIDRs. What
+    /// takes another module to check (policy globs, upstream URLs, the
+    /// ingress) is checked by [`crate::Gateway::check`].
     pub fn validate(&self) -> Result<()> {
         let invalid = |key: &str, message: &str| Error::InvalidConfig {
             origin: self.origin.clone(),
@@ -485,35 +526,20 @@ impl Config {
                 &format!("must be between 1 and {MAX_TOKEN_TTL_SECONDS}"),
             ));
         }
-        crate::identity::Policy::compile(&self.policy)
-            .map_err(|e| invalid(&e.key(), &e.to_string()))?;
-        if let Some(ingress) = &self.ingress {
-            if self.insecure {
-                return Err(invalid("ingress", "not supported with `insecure: true`"));
-            }
-            crate::ingress::Ingress::compile(ingress)
-                .map_err(|e| invalid(&format!("ingress.{}", e.key), &e.message))?;
+        if self.ingress.is_some() && self.insecure {
+            return Err(invalid("ingress", "not supported with `insecure: true`"));
         }
         // An ingress-only gateway carries no agent streams of its own.
         if self.upstreams.is_empty() && self.ingress.is_none() {
             return Err(invalid("upstreams", "at least one upstream is required"));
         }
         for (i, upstream) in self.upstreams.iter().enumerate() {
-            let target = crate::upstream::Target::parse(&upstream.url)
-                .map_err(|e| invalid(&format!("upstreams[{i}].url"), &e.to_string()))?;
-            if let crate::upstream::discovery::Discovery::EndpointSlices(slices) =
-                &upstream.discovery
+            if let Discovery::EndpointSlices(slices) = &upstream.discovery
                 && slices.service.is_empty()
             {
                 return Err(invalid(
                     &format!("upstreams[{i}].discovery.endpointSlices.service"),
                     "required",
-                ));
-            }
-            if target.is_tls() && self.upstream_tls.is_none() {
-                return Err(invalid(
-                    &format!("upstreams[{i}].url"),
-                    "https upstreams need `upstreamTls`",
                 ));
             }
         }
@@ -578,7 +604,7 @@ impl Config {
         };
         let l = &self.listener;
         for (i, cidr) in l.trusted_proxies.iter().enumerate() {
-            crate::listener::cidr::Cidr::parse(cidr)
+            crate::cidr::Cidr::parse(cidr)
                 .map_err(|e| invalid(&format!("trustedProxies[{i}]"), &e.to_string()))?;
         }
         if l.proxy_protocol && l.proxy_protocol_required && l.trusted_proxies.is_empty() {
