@@ -172,25 +172,30 @@ impl HelloService {
 /// closed it. Holds only a weak sender, so it never keeps a stream open; a
 /// full queue (an agent not reading) skips a beat rather than waits.
 async fn heartbeats(weak: tokio::sync::mpsc::WeakSender<ControlItem>, every: Duration) {
-    use spinlink_proto::v1::{ControlEvent, Heartbeat, control_event};
     use tokio::sync::mpsc::error::TrySendError;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(tx) = weak.upgrade() else { return };
-        let unix_millis = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let beat = ControlEvent {
-            event: Some(control_event::Event::Heartbeat(Heartbeat {
-                unix_millis,
-                ..Default::default()
-            })),
-        };
-        if let Err(TrySendError::Closed(_)) = tx.try_send(Ok(beat)) {
+        if let Err(TrySendError::Closed(_)) = tx.try_send(Ok(heartbeat())) {
             return;
         }
+    }
+}
+
+/// A `Heartbeat` carrying the gateway's clock now, as both transports'
+/// `Control` streams send it.
+pub(crate) fn heartbeat() -> spinlink_proto::v1::ControlEvent {
+    use spinlink_proto::v1::{ControlEvent, Heartbeat, control_event};
+    let unix_millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    ControlEvent {
+        event: Some(control_event::Event::Heartbeat(Heartbeat {
+            unix_millis,
+            ..Default::default()
+        })),
     }
 }
 

@@ -20,11 +20,11 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use spinlink_proto::paths;
-use spinlink_proto::v1::{ControlEvent, Heartbeat, Reconnect, control_event};
+use spinlink_proto::v1::{ControlEvent, Reconnect, control_event};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -332,16 +332,7 @@ impl AgentRole {
             }
             if let (Some(id), Some(t)) = (self.control, self.next_heartbeat) {
                 if now >= t {
-                    let unix_millis = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-                    let beat = ControlEvent {
-                        event: Some(control_event::Event::Heartbeat(Heartbeat {
-                            unix_millis,
-                            ..Default::default()
-                        })),
-                    };
-                    link.data(id, &grpc_message(&beat), false);
+                    link.data(id, &grpc_message(&super::hello::heartbeat()), false);
                     let every = self
                         .shared
                         .limits

@@ -11,11 +11,10 @@
 //! - `POST /v1/agents/<identity>/disconnect` (identity percent-encoded): ends
 //!   every stream of that agent here; it reconnects.
 
-use bytes::Bytes;
-use http::{Method, Response, StatusCode, header};
+use http::{Method, Response, StatusCode};
 
 use crate::accounts::Accounts;
-use crate::http::body::{Body, full};
+use crate::http::body::Body;
 use spinlink_kube_api::Status;
 
 use crate::http::body::status as status_response;
@@ -46,14 +45,7 @@ fn method_not_allowed(method: &Method) -> Response<Body> {
 }
 
 fn json(value: &impl serde::Serialize) -> Response<Body> {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut resp = Response::new(full(Bytes::from(body)));
-    *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    crate::http::body::json(StatusCode::OK, value)
 }
 
 /// Answers a request whose path [`owns`] says is this API's.

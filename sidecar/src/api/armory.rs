@@ -18,10 +18,10 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use super::dynamic::{BodyError, decode, json, read_body};
+use super::dynamic::{BodyError, decode, read_body};
 use crate::accounts::Presence;
 use crate::dynamic::{CreateRequest, Dynamic, Error, MigrateRequest, View};
-use crate::http::body::Body;
+use crate::http::body::{Body, json};
 
 /// Every path of Armory's REST API starts with this...
 pub const PREFIX: &str = "/armory/";

@@ -5,13 +5,13 @@
 //! and nowhere else.
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use spinlink_kube_api::Status;
 
 use super::accounts::PREFIX;
 use crate::dynamic::{CreateRequest, Dynamic, Error, MigrateRequest};
-use crate::http::body::{Body, full, status as status_response};
+use crate::http::body::{Body, json, status as status_response};
 
 /// The path of the dynamic accounts list.
 pub const LIST: &str = "/v1/dynamic-accounts";
@@ -50,18 +50,6 @@ fn route(method: &Method, path: &str) -> Option<Route> {
 /// Whether this API answers `method` on `path`.
 pub fn serves(method: &Method, path: &str) -> bool {
     route(method, path).is_some()
-}
-
-/// `value` as a JSON answer with `code`.
-pub(crate) fn json(code: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut resp = Response::new(full(Bytes::from(body)));
-    *resp.status_mut() = code;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
 }
 
 /// The one place a dynamic account error becomes an answer.

@@ -30,6 +30,18 @@ pub fn text(body: String) -> Response<Body> {
     resp
 }
 
+/// `value` as a JSON answer with `code` (the REST APIs' answers).
+pub fn json(code: http::StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
 /// The response for a failure: its code and the `metav1.Status` as JSON.
 pub fn status(status: &Status) -> Response<Body> {
     status.to_http().map(full)
