@@ -55,23 +55,40 @@ fn ready_rx() -> watch::Receiver<bool> {
     watch::channel(false).1
 }
 
+/// What [`Gateway::check`] compiled from a configuration.
+#[derive(Debug)]
+pub struct Checked {
+    /// `policy`, compiled.
+    pub policy: Policy,
+    /// `ingress`, compiled (its servers' certificates loaded).
+    pub ingress: Option<crate::ingress::Ingress>,
+    /// `upstreams[].url`, parsed, in order.
+    pub targets: Vec<Target>,
+}
+
 impl Gateway {
     /// Checks `config` as a whole: its own values ([`Config::validate`]),
     /// then what only the modules that use them can check — the policy's
     /// globs, the upstream URLs, the ingress model. Errors name the key and
-    /// the file, as [`Config::from_file`]'s do.
-    pub fn check(config: &Config) -> Result<()> {
+    /// the file, as [`Config::from_file`]'s do. What it compiles is handed
+    /// back, so [`Gateway::bind`] builds from it rather than again.
+    pub fn check(config: &Config) -> Result<Checked> {
         config.validate()?;
         let invalid = |key: String, message: String| Error::InvalidConfig {
             origin: config.origin.clone(),
             key,
             message,
         };
-        Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
-        if let Some(ingress) = &config.ingress {
-            crate::ingress::Ingress::compile(ingress)
-                .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?;
-        }
+        let policy =
+            Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
+        let ingress = match &config.ingress {
+            Some(model) => Some(
+                crate::ingress::Ingress::compile(model)
+                    .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?,
+            ),
+            None => None,
+        };
+        let mut targets = Vec::with_capacity(config.upstreams.len());
         for (i, upstream) in config.upstreams.iter().enumerate() {
             let target = Target::parse(&upstream.url)
                 .map_err(|e| invalid(format!("upstreams[{i}].url"), e.to_string()))?;
@@ -81,14 +98,23 @@ impl Gateway {
                     "https upstreams need `upstreamTls`".into(),
                 ));
             }
+            targets.push(target);
         }
-        Ok(())
+        Ok(Checked {
+            policy,
+            ingress,
+            targets,
+        })
     }
 
     /// Checks `config` ([`Gateway::check`]), loads its certificates and
     /// binds the listener.
     pub async fn bind(config: Config) -> Result<Gateway> {
-        Self::check(&config)?;
+        let Checked {
+            policy,
+            ingress,
+            targets,
+        } = Self::check(&config)?;
         let stats = Arc::new(Stats::default());
         let invalid = |key: String, message: String| Error::InvalidConfig {
             origin: config.origin.clone(),
@@ -117,8 +143,6 @@ impl Gateway {
                 .map_err(|e| invalid("tls".into(), e.to_string()))?;
             Some(Arc::new(tls))
         };
-        let policy =
-            Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
         let upstream_tls = config
             .upstream_tls
             .as_ref()
@@ -135,13 +159,10 @@ impl Gateway {
         let mut fixed = Vec::new();
         let mut dns = Vec::new();
         let mut watches = Vec::new();
-        for (i, u) in config.upstreams.iter().enumerate() {
-            let target = Target::parse(&u.url)
-                .and_then(|t| {
-                    // Checked here so a bad upstream fails start-up, not the
-                    // first stream.
-                    Upstream::new(t.clone(), upstream_tls.as_ref(), 1).map(|_| t)
-                })
+        for (i, (u, target)) in config.upstreams.iter().zip(targets).enumerate() {
+            // Checked here so a bad upstream fails start-up, not the first
+            // stream.
+            Upstream::new(target.clone(), upstream_tls.as_ref(), 1)
                 .map_err(|e| invalid(format!("upstreams[{i}].url"), e.to_string()))?;
             match &u.discovery {
                 Discovery::Static => fixed.push(target),
@@ -237,11 +258,8 @@ impl Gateway {
         };
         let mut settings = Settings::from_config(&config.listener, config.shutdown_grace());
         let mut ingress_reload = None;
-        if let Some(model) = &config.ingress {
-            let ingress = Arc::new(
-                crate::ingress::Ingress::compile(model)
-                    .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?,
-            );
+        if let Some(ingress) = ingress {
+            let ingress = Arc::new(ingress);
             // Ingress servers' certificates reload like the listener's own,
             // at its `tls.reloadIntervalSeconds` (0 turns both off).
             let seconds = config
