@@ -286,3 +286,71 @@ async fn reconnects_when_the_gateway_comes_back() {
     agent.stop().await;
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_moved_relay_stream_answers_until_the_sidecar_ends_it() {
+    // The gateway asks the agent to move: the account's relay stream opens on
+    // the new connection, then the old one says `RelayDrain`. A request the
+    // sidecar sent on the old stream before it switched may still be on its
+    // way, so the agent serves the old stream until the sidecar ends it,
+    // however quiet it is meanwhile.
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.serve_control();
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
+    let on = |stream: usize, what: fn(&relay_up::Msg) -> bool| {
+        move |r: &common::Records| {
+            r.relay_up_on
+                .iter()
+                .any(|(a, s, m)| a == "dev" && *s == stream && m.msg.as_ref().is_some_and(what))
+        }
+    };
+    let open: fn(&relay_up::Msg) -> bool = |m| matches!(m, relay_up::Msg::Open(_));
+    let drain: fn(&relay_up::Msg) -> bool = |m| matches!(m, relay_up::Msg::Drain(_));
+    gw.wait_for("the first relay stream", on(0, open)).await;
+
+    gw.reconnect(Duration::from_secs(30)).await;
+    gw.wait_for("the relay stream on the new connection", on(1, open))
+        .await;
+    gw.wait_for("RelayDrain on the old stream", on(0, drain))
+        .await;
+    // Three times longer than the quiet period after which agents used to
+    // end a drained stream by themselves.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        gw.with(|r| r.relay_ended.is_empty()),
+        "the agent ended a relay stream the sidecar had not"
+    );
+
+    // The request that was on its way is answered on the old stream (an
+    // unreachable cluster: 502).
+    let late = v1::RelayDown {
+        msg: Some(relay_down::Msg::Head(v1::RequestHead {
+            id: 77,
+            method: "GET".into(),
+            path: "/api/v1/namespaces".into(),
+            end_stream: true,
+            ..Default::default()
+        })),
+    };
+    gw.relay_down_on("dev", 0, late).await.unwrap();
+    let answered: fn(&relay_up::Msg) -> bool =
+        |m| matches!(m, relay_up::Msg::Error(e) if e.id == 77 && e.status == 502);
+    gw.wait_for(
+        "the late request's answer on the old stream",
+        on(0, answered),
+    )
+    .await;
+
+    // The sidecar ends the old stream: the agent ends its side, and the
+    // new stream goes on.
+    gw.end_relay("dev", 0);
+    gw.wait_for("the agent to end the old stream", |r| {
+        r.relay_ended.contains(&("dev".to_owned(), 0))
+    })
+    .await;
+    assert!(gw.with(|r| !r.relay_ended.contains(&("dev".to_owned(), 1))));
+    agent.stop().await;
+    gw.stop().await;
+}

@@ -10,6 +10,12 @@
 //! client: each request's body goes into its own bounded channel, and a
 //! client too slow to drain it has its request cancelled rather than
 //! stalling the others.
+//!
+//! When the account moves to a newer stream (make-before-break), the agent
+//! sends `RelayDrain` on the old one: the handle takes no new requests
+//! ([`RelayHandle::register`] says so), and once the requests it carries
+//! are answered it ends the stream ([`RelayHandle::ended`]), which tells the
+//! agent nothing more will come on it. No request is lost to a timer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +25,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use spinlink_proto::v1::{self, relay_down, relay_up};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use spinlink_kube_api::Status;
 
@@ -73,15 +80,6 @@ pub struct Answer {
     pub agent: Option<AgentTimes>,
 }
 
-impl Answer {
-    fn failed(status: Status) -> Self {
-        Self {
-            head: Err(status),
-            agent: None,
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Pending {
     head: Option<oneshot::Sender<Answer>>,
@@ -97,12 +95,51 @@ pub struct Exchange {
     pub body: mpsc::Receiver<Bytes>,
 }
 
+/// The requests a stream carries, and whether it still takes new ones.
+#[derive(Debug, Default)]
+struct Table {
+    requests: HashMap<u64, Pending>,
+    /// The agent sent `RelayDrain`: no new requests here.
+    draining: bool,
+}
+
 /// The facade's handle on an account's relay stream; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RelayHandle {
     serial: u64,
     tx: mpsc::Sender<v1::RelayDown>,
-    pending: Arc<Mutex<HashMap<u64, Pending>>>,
+    table: Arc<Mutex<Table>>,
+    /// Cancelled when a draining stream has answered everything: the
+    /// tunnel then ends the stream towards the agent.
+    ended: CancellationToken,
+}
+
+/// The table of a stream's requests, locked; ends a draining stream that
+/// is left with none when it is let go.
+struct Requests<'a> {
+    table: std::sync::MutexGuard<'a, Table>,
+    ended: &'a CancellationToken,
+}
+
+impl std::ops::Deref for Requests<'_> {
+    type Target = HashMap<u64, Pending>;
+    fn deref(&self) -> &Self::Target {
+        &self.table.requests
+    }
+}
+
+impl std::ops::DerefMut for Requests<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table.requests
+    }
+}
+
+impl Drop for Requests<'_> {
+    fn drop(&mut self) {
+        if self.table.draining && self.table.requests.is_empty() {
+            self.ended.cancel();
+        }
+    }
 }
 
 /// The relay stream is gone.
@@ -116,7 +153,8 @@ impl RelayHandle {
         Self {
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             tx,
-            pending: Arc::default(),
+            table: Arc::default(),
+            ended: CancellationToken::new(),
         }
     }
 
@@ -125,22 +163,47 @@ impl RelayHandle {
         self.serial
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    fn pending(&self) -> Requests<'_> {
+        Requests {
+            table: self.table.lock().unwrap_or_else(PoisonError::into_inner),
+            ended: &self.ended,
+        }
     }
 
-    /// Registers request `id` before its head is sent.
-    pub fn register(&self, id: u64) -> Exchange {
+    /// Registers request `id` before its head is sent; `None` once the
+    /// stream drains (the account has a newer one: send it there).
+    pub fn register(&self, id: u64) -> Option<Exchange> {
+        let mut pending = self.pending();
+        if pending.table.draining {
+            return None;
+        }
         let (head_tx, head) = oneshot::channel();
         let (body_tx, body) = mpsc::channel(DEFAULT_BODY_CAPACITY);
-        self.pending().insert(
+        pending.insert(
             id,
             Pending {
                 head: Some(head_tx),
                 body: body_tx,
             },
         );
-        Exchange { head, body }
+        Some(Exchange { head, body })
+    }
+
+    /// The agent moved the account to a newer stream: take no new requests,
+    /// and end this stream once those it carries are answered.
+    pub fn drain(&self) {
+        self.pending().table.draining = true;
+    }
+
+    /// Whether the agent said this stream drains.
+    pub fn draining(&self) -> bool {
+        self.pending().table.draining
+    }
+
+    /// Cancelled once a draining stream has answered every request it
+    /// carried: the stream towards the agent ends then.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
     }
 
     /// Sends a message to the agent, waiting for room.
@@ -188,6 +251,7 @@ impl RelayHandle {
             relay_up::Msg::Head(h) => self.on_head(h),
             relay_up::Msg::Body(b) => self.on_body(b),
             relay_up::Msg::Error(e) => self.on_error(e),
+            relay_up::Msg::Drain(v1::RelayDrain {}) => self.drain(),
             relay_up::Msg::Heartbeat(_) | relay_up::Msg::Open(_) => {}
         }
     }
@@ -263,16 +327,12 @@ impl RelayHandle {
         // With a head already sent, dropping the sender ends the body.
     }
 
-    /// Fails every request still waiting: the stream is gone.
+    /// Lets go of every request still waiting: the stream is gone. Their
+    /// heads' senders drop, which tells the facade the stream closed before
+    /// it answered (a read may then go again on the account's next stream).
     pub fn fail_all(&self) {
         let drained: Vec<Pending> = self.pending().drain().map(|(_, p)| p).collect();
-        for mut p in drained {
-            if let Some(tx) = p.head.take() {
-                let _ = tx.send(Answer::failed(Status::unavailable(
-                    "the relay stream to the agent closed before it answered",
-                )));
-            }
-        }
+        drop(drained);
     }
 }
 
@@ -307,7 +367,7 @@ mod tests {
     async fn head_then_body_then_end() {
         let (tx, _rx) = mpsc::channel(4);
         let h = RelayHandle::new(tx);
-        let mut ex = h.register(1);
+        let mut ex = h.register(1).unwrap();
         h.on_head(head(1));
         h.on_body(chunk(1, b"ab", false));
         h.on_body(chunk(1, b"cd", true));
@@ -328,7 +388,7 @@ mod tests {
     async fn error_before_head_becomes_a_failure() {
         let (tx, _rx) = mpsc::channel(4);
         let h = RelayHandle::new(tx);
-        let ex = h.register(7);
+        let ex = h.register(7).unwrap();
         h.on_error(v1::RelayError {
             id: 7,
             status: 0,
@@ -343,24 +403,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn stream_end_fails_waiting_requests_with_503() {
+    async fn stream_end_lets_go_of_waiting_requests() {
         let (tx, _rx) = mpsc::channel(4);
         let h = RelayHandle::new(tx);
-        let ex = h.register(1);
+        let ex = h.register(1).unwrap();
         h.fail_all();
-        assert_eq!(ex.head.await.unwrap().head.unwrap_err().code, 503);
+        assert!(ex.head.await.is_err(), "the head's sender is gone");
+        assert_eq!(h.in_flight(), 0);
     }
 
     #[tokio::test]
     async fn dropped_client_and_stalled_client_are_cancelled() {
         let (tx, mut rx) = mpsc::channel(4);
         let h = RelayHandle::new(tx);
-        drop(h.register(1));
+        drop(h.register(1).unwrap());
         h.on_head(head(1));
         let msg = rx.recv().await.unwrap().msg;
         assert_eq!(msg, Some(relay_down::Msg::Cancel(v1::Cancel { id: 1 })));
 
-        let ex = h.register(2);
+        let ex = h.register(2).unwrap();
         h.on_head(head(2));
         for _ in 0..=DEFAULT_BODY_CAPACITY {
             h.on_body(chunk(2, b"x", false));
@@ -369,5 +430,50 @@ mod tests {
         assert_eq!(msg, Some(relay_down::Msg::Cancel(v1::Cancel { id: 2 })));
         assert_eq!(h.in_flight(), 0);
         drop(ex);
+    }
+
+    #[tokio::test]
+    async fn a_draining_stream_takes_no_new_request_and_ends_once_answered() {
+        let (tx, _rx) = mpsc::channel(4);
+        let h = RelayHandle::new(tx);
+        let mut ex = h.register(1).unwrap();
+        h.deliver(relay_up::Msg::Drain(v1::RelayDrain {}));
+        assert!(h.draining());
+        assert!(
+            h.register(2).is_none(),
+            "a draining stream takes no request"
+        );
+        assert!(!h.ended().is_cancelled(), "request 1 is still in flight");
+        h.on_head(head(1));
+        h.on_body(chunk(1, b"ab", false));
+        assert!(!h.ended().is_cancelled(), "its body is still coming");
+        h.on_body(chunk(1, b"", true));
+        assert!(h.ended().is_cancelled());
+        assert_eq!(ex.head.await.unwrap().head.unwrap().status, 201);
+        assert_eq!(ex.body.recv().await.unwrap(), "ab");
+        assert!(ex.body.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_ends_when_it_drains_and_a_busy_one_only_when_drained() {
+        let (tx, _rx) = mpsc::channel(4);
+        let idle = RelayHandle::new(tx.clone());
+        idle.drain();
+        // Nothing in flight: it ends at once.
+        assert_eq!(idle.in_flight(), 0);
+        assert!(idle.ended().is_cancelled());
+
+        let busy = RelayHandle::new(tx);
+        let _ex = busy.register(1).unwrap();
+        busy.on_head(head(1));
+        assert!(
+            !busy.ended().is_cancelled(),
+            "not draining: never ends by itself"
+        );
+        busy.on_body(chunk(1, b"", true));
+        assert!(
+            !busy.ended().is_cancelled(),
+            "not draining: never ends by itself"
+        );
     }
 }

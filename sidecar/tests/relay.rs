@@ -152,25 +152,124 @@ async fn agent_error_before_head_is_a_502_status() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn relay_stream_gone_fails_waiting_requests_with_503() -> anyhow::Result<()> {
+async fn relay_stream_gone_fails_a_waiting_write_with_503() -> anyhow::Result<()> {
     let (sidecar, mut relay, _cache) = setup().await?;
     let http = http();
-    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log");
-    let client = {
-        let (http, url) = (http.clone(), url.clone());
-        tokio::spawn(async move { get(&http, &url).await })
-    };
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/configmaps");
+    let client = spawn_request(&http, "POST", &url, &[], r#"{"kind":"ConfigMap"}"#);
     let relay_down::Msg::Head(_) = relay.next().await? else {
         panic!("expected a request head");
     };
+    // A second stream opens before the write is answered: it is not sent
+    // there, as the agent may have applied it.
+    let mut client2 = sidecar.client().await?;
+    let mut second = RelayStream::open(&mut client2, "prod").await?;
     drop(relay);
     let answer = client.await??;
     assert_eq!(answer.status, 503);
     assert_eq!(answer.json()["reason"], "ServiceUnavailable");
+    assert!(
+        answer.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed before it answered"),
+        "{:?}",
+        answer.json()
+    );
+    assert!(
+        futures::FutureExt::now_or_never(second.down.message()).is_none(),
+        "the write went again on the second stream"
+    );
+    drop(second);
     wait_status(&sidecar, "prod", |s| !s.relay).await?;
-    let after = get(&http, &url).await?;
+    let after = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log"),
+    )
+    .await?;
     assert_eq!(after.status, 503);
     sidecar.stop().await
+}
+
+#[tokio::test]
+async fn a_read_whose_stream_closed_before_the_answer_goes_again_on_the_next() -> anyhow::Result<()>
+{
+    // The agent's connection breaks (its gateway went away) with a read on
+    // the way; the agent comes back on a new connection.
+    let (sidecar, mut relay, _cache) = setup().await?;
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log");
+    let client = spawn_request(&http(), "GET", &url, &[], "");
+    let first = next_request(&mut relay, "GET").await?;
+    drop(relay);
+    wait_status(&sidecar, "prod", |s| !s.relay).await?;
+    let mut client2 = sidecar.client().await?;
+    let mut next = RelayStream::open(&mut client2, "prod").await?;
+    let again = next_request(&mut next, "GET").await?;
+    assert_eq!(again, first, "the same request, under its id");
+    next.send(head(again, 200)).await?;
+    next.send(chunk(again, "line\n", true)).await?;
+    let answer = client.await??;
+    assert_eq!((answer.status, &answer.body[..]), (200, &b"line\n"[..]));
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn a_draining_stream_answers_what_it_carries_then_the_sidecar_ends_it() -> anyhow::Result<()>
+{
+    // The agent moves the account to a new connection: the new relay stream
+    // opens, then the old one says `RelayDrain`. A request the sidecar sent
+    // on the old stream just before is still on its way to the agent (here:
+    // not yet read); it is answered there, and only then does the sidecar
+    // end the old stream. No timer decides it.
+    let (sidecar, mut old, _cache) = setup().await?;
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log");
+    let in_transit = spawn_request(&http(), "GET", &url, &[], "");
+    wait_until_in_flight(&sidecar, 1).await?;
+    let mut client2 = sidecar.client().await?;
+    let mut new = RelayStream::open(&mut client2, "prod").await?;
+    old.send(relay_up::Msg::Drain(v1::RelayDrain {})).await?;
+
+    // New requests go to the new stream.
+    let answer = relayed_by(&sidecar, &mut new, "from the new stream").await?;
+    assert_eq!(answer.body, "from the new stream");
+
+    // The old stream is still open for the request it carries.
+    let id = next_request(&mut old, "GET").await?;
+    assert!(
+        futures::FutureExt::now_or_never(old.down.message()).is_none(),
+        "the old stream ended with a request unanswered"
+    );
+    old.send(head(id, 200)).await?;
+    old.send(chunk(id, "from the old stream", true)).await?;
+    let answer = in_transit.await??;
+    assert_eq!(
+        (answer.status, &answer.body[..]),
+        (200, &b"from the old stream"[..])
+    );
+    // Answered: the sidecar ends the old stream, with OK.
+    let end = tokio::time::timeout(WAIT, old.down.message()).await?;
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert!(sidecar.accounts.status("prod").is_some_and(|s| s.relay));
+    sidecar.stop().await
+}
+
+/// How long a step may take.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until `n` relayed requests of `prod` wait for their answer.
+async fn wait_until_in_flight(sidecar: &Running, n: usize) -> anyhow::Result<()> {
+    let account = sidecar.accounts.get("prod").expect("prod");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if account.relay().is_some_and(|r| r.in_flight() == n) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{n} requests never in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]

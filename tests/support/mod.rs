@@ -205,6 +205,16 @@ impl Drop for Proc {
         }
         if std::thread::panicking() {
             eprintln!("{}", self.log_tail());
+            // The whole log, for a failure the last lines do not explain.
+            if let Some(dir) = std::env::var_os("SPINLINK_TEST_LOG_DIR") {
+                let dir = Path::new(&dir);
+                let copied = std::fs::create_dir_all(dir).and_then(|()| {
+                    std::fs::copy(&self.log, dir.join(format!("{}.log", self.name)))
+                });
+                if let Err(e) = copied {
+                    eprintln!("copying {}'s log to {}: {e}", self.name, dir.display());
+                }
+            }
         }
     }
 }

@@ -7,7 +7,6 @@ pub mod execute;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use spinlink_proto::v1::{self, RelayUp, relay_down, relay_up};
 use tokio::sync::{Semaphore, mpsc};
@@ -29,11 +28,6 @@ pub const DEFAULT_RELAY_QUEUE: usize = 256;
 /// Largest request body accepted (the API server's own limit is 3 MiB).
 pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
 
-/// A draining relay stream ends once nothing is in flight and nothing has
-/// arrived for this long: requests the sidecar sent before it switched to the
-/// account's new stream are still on the way.
-pub const DRAIN_QUIET: Duration = Duration::from_millis(500);
-
 const STREAM: &str = "relay";
 
 /// A request whose body is still arriving.
@@ -44,8 +38,12 @@ struct Pending {
 
 /// Opens the account's relay stream on the session's connection and serves
 /// requests until the stream fails, or, once `drain` is cancelled (the
-/// account moved to a new connection), until every request in flight has
-/// finished. `opened` is told when the sidecar has the stream (it sends new
+/// account moved to a new connection), until the sidecar ends it: the agent
+/// sends `RelayDrain`, the sidecar sends new requests to the newest stream
+/// and ends this one once it has the answers to every request it sent here,
+/// those still on their way included. No timer decides that a request will
+/// not come (a sidecar too old to know `RelayDrain` leaves the stream to the
+/// connection's drain deadline). `opened` is told when the sidecar has the stream (it sends new
 /// requests to the newest stream). Every request is counted in `metrics` by
 /// verb and outcome.
 pub async fn run(
@@ -88,22 +86,8 @@ pub async fn run(
     let mut running: HashMap<u64, AbortHandle> = HashMap::new();
     let mut tasks: JoinSet<u64> = JoinSet::new();
 
-    let mut last_message = tokio::time::Instant::now();
     loop {
         let draining = drain.is_cancelled();
-        if draining && running.is_empty() && pending.is_empty() {
-            let quiet_until = last_message + DRAIN_QUIET;
-            if tokio::time::Instant::now() >= quiet_until {
-                info!(%account, "relay stream drained");
-                return Ok(());
-            }
-        }
-        let quiet = async {
-            if !draining || !running.is_empty() || !pending.is_empty() {
-                std::future::pending::<()>().await;
-            }
-            tokio::time::sleep_until(last_message + DRAIN_QUIET).await;
-        };
         let down = tokio::select! {
             down = inbound.message() => down,
             Some(done) = tasks.join_next() => {
@@ -113,15 +97,26 @@ pub async fn run(
                 continue;
             }
             () = drain.cancelled(), if !draining => {
-                last_message = tokio::time::Instant::now();
+                let drain = RelayUp {
+                    msg: Some(relay_up::Msg::Drain(v1::RelayDrain {})),
+                };
+                if tx.send(drain).await.is_err() {
+                    return Err(Error::StreamClosed {
+                        account,
+                        stream: STREAM,
+                    });
+                }
+                info!(%account, in_flight = running.len() + pending.len(), "relay stream draining");
                 continue;
             }
-            () = quiet => continue,
         };
-        last_message = tokio::time::Instant::now();
         let msg = match down {
             Ok(Some(v1::RelayDown { msg: Some(msg) })) => msg,
             Ok(Some(v1::RelayDown { msg: None })) => continue,
+            Ok(None) if draining => {
+                info!(%account, "relay stream drained");
+                return Ok(());
+            }
             Ok(None) => {
                 return Err(Error::StreamClosed {
                     account,

@@ -16,8 +16,8 @@ use std::time::Duration;
 use futures::Stream;
 use spinlink_proto::v1::tunnel_server::{Tunnel, TunnelServer};
 use spinlink_proto::v1::{
-    CacheDown, CacheUp, ChannelGrant, ChannelRefusal, HelloRequest, HelloResponse, RelayDown,
-    RelayUp,
+    CacheDown, CacheUp, ChannelGrant, ChannelRefusal, ControlEvent, HelloRequest, HelloResponse,
+    Reconnect, RelayDown, RelayUp, control_event,
 };
 use spinlink_tls::config::{ALPN_H2, ClientAuth, ServerFiles, server_config};
 use spinlink_tls::dev::DevPki;
@@ -57,9 +57,20 @@ pub struct Records {
     /// (account from metadata, message), in arrival order.
     pub cache_up: Vec<(String, CacheUp)>,
     pub relay_up: Vec<(String, RelayUp)>,
+    /// The same messages with the account's relay stream they came on
+    /// (0 for its first, 1 for the next…).
+    pub relay_up_on: Vec<(String, usize, RelayUp)>,
+    /// Relay streams whose request stream the agent ended, as (account,
+    /// stream).
+    pub relay_ended: Vec<(String, usize)>,
+    /// Control streams opened (served after [`FakeGateway::serve_control`]).
+    pub control_streams: usize,
     /// Streams whose first message was not `open`, by method.
     pub bad_first: Vec<&'static str>,
 }
+
+/// The sending end of a stream the fake serves.
+type Down<T> = mpsc::Sender<Result<T, Status>>;
 
 #[derive(Default)]
 struct Shared {
@@ -68,7 +79,11 @@ struct Shared {
     /// Token → (connection, account, expiry).
     tokens: Mutex<HashMap<String, (ConnId, String, i64)>>,
     refuse: Mutex<BTreeSet<String>>,
-    relay_down: Mutex<HashMap<String, mpsc::Sender<Result<RelayDown, Status>>>>,
+    /// Per account, the sender of each relay stream it opened, in order;
+    /// `None` once the fake ended it.
+    relay_down: Mutex<HashMap<String, Vec<Option<Down<RelayDown>>>>>,
+    /// `Some` once [`FakeGateway::serve_control`]: each Control stream's sender.
+    control: Mutex<Option<Vec<Down<ControlEvent>>>>,
     cache_down: Mutex<Vec<mpsc::Sender<Result<CacheDown, Status>>>>,
     token_ttl_secs: AtomicU64,
     next_token: AtomicU64,
@@ -142,13 +157,21 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Tunnel for Svc {
-    type ControlStream = BoxStream<spinlink_proto::v1::ControlEvent>;
+    type ControlStream = BoxStream<ControlEvent>;
 
     async fn control(
         &self,
         _request: Request<spinlink_proto::v1::ControlRequest>,
     ) -> Result<Response<Self::ControlStream>, Status> {
-        Err(Status::unimplemented("no Control in this fake"))
+        let mut control = self.shared.control.lock().unwrap();
+        let Some(senders) = control.as_mut() else {
+            return Err(Status::unimplemented("no Control in this fake"));
+        };
+        let (tx, rx) = mpsc::channel(16);
+        senders.push(tx);
+        drop(control);
+        self.shared.record(|r| r.control_streams += 1);
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     type AssignmentsStream = BoxStream<spinlink_proto::v1::AssignmentsDown>;
@@ -247,11 +270,12 @@ impl Tunnel for Svc {
         let mut inbound = request.into_inner();
         let shared = self.shared.clone();
         let (tx, rx) = mpsc::channel(64);
-        shared
-            .relay_down
-            .lock()
-            .unwrap()
-            .insert(account.clone(), tx);
+        let stream = {
+            let mut down = shared.relay_down.lock().unwrap();
+            let streams = down.entry(account.clone()).or_default();
+            streams.push(Some(tx));
+            streams.len() - 1
+        };
         tokio::spawn(async move {
             let mut first = true;
             while let Ok(Some(msg)) = inbound.message().await {
@@ -259,8 +283,12 @@ impl Tunnel for Svc {
                     shared.record(|r| r.bad_first.push("relay"));
                 }
                 first = false;
-                shared.record(|r| r.relay_up.push((account.clone(), msg)));
+                shared.record(|r| {
+                    r.relay_up_on.push((account.clone(), stream, msg.clone()));
+                    r.relay_up.push((account.clone(), msg));
+                });
             }
+            shared.record(|r| r.relay_ended.push((account, stream)));
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -423,17 +451,80 @@ impl FakeGateway {
         self.shared.token_ttl_secs.store(secs, Ordering::SeqCst);
     }
 
-    /// Sends a `RelayDown` on `account`'s relay stream.
+    /// Sends a `RelayDown` on `account`'s newest relay stream.
     pub async fn relay_down(&self, account: &str, msg: RelayDown) {
+        let newest = self.shared.relay_down.lock().unwrap()[account].len() - 1;
+        self.relay_down_on(account, newest, msg).await.unwrap();
+    }
+
+    /// Sends a `RelayDown` on `account`'s relay stream `stream` (0 for its
+    /// first); fails when that stream is gone.
+    pub async fn relay_down_on(
+        &self,
+        account: &str,
+        stream: usize,
+        msg: RelayDown,
+    ) -> Result<(), String> {
         let tx = self
             .shared
             .relay_down
             .lock()
             .unwrap()
             .get(account)
-            .cloned()
-            .expect("relay stream");
-        tx.send(Ok(msg)).await.unwrap();
+            .and_then(|s| s.get(stream).cloned().flatten())
+            .ok_or("no such relay stream")?;
+        tx.send(Ok(msg))
+            .await
+            .map_err(|_| "the relay stream is gone".to_owned())
+    }
+
+    /// Ends `account`'s relay stream `stream` towards the agent, with OK, as
+    /// the sidecar ends a drained one.
+    pub fn end_relay(&self, account: &str, stream: usize) {
+        if let Some(tx) = self
+            .shared
+            .relay_down
+            .lock()
+            .unwrap()
+            .get_mut(account)
+            .and_then(|s| s.get_mut(stream))
+        {
+            tx.take();
+        }
+    }
+
+    /// Serves `Control` streams from now on (the fake refuses them
+    /// otherwise), so [`FakeGateway::reconnect`] can ask the agent to move.
+    pub fn serve_control(&self) {
+        self.shared
+            .control
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// Sends `Reconnect` on every Control stream, as a draining gateway
+    /// does (once one is open).
+    pub async fn reconnect(&self, deadline: Duration) {
+        self.wait_for("a Control stream", |r| r.control_streams > 0)
+            .await;
+        let senders = self
+            .shared
+            .control
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_default();
+        assert!(!senders.is_empty(), "no Control stream open");
+        for tx in senders {
+            let event = ControlEvent {
+                event: Some(control_event::Event::Reconnect(Reconnect {
+                    reason: "draining".into(),
+                    deadline_millis: u32::try_from(deadline.as_millis()).unwrap(),
+                })),
+            };
+            let _ = tx.send(Ok(event)).await;
+        }
     }
 
     /// Sends a `CacheDown` on the newest cache stream.

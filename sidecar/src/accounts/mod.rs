@@ -688,13 +688,29 @@ impl Account {
         held_by_another(&self.name, &s, identity)?;
         identity.clone_into(&mut s.agent_identity);
         s.relays.push(handle);
+        drop(s);
+        self.changed();
         Ok(())
     }
 
-    /// Detaches the relay stream `serial`, which closed: the newest one
-    /// still open serves.
+    /// Detaches the relay stream `serial`, which closed or drains: the
+    /// newest one still attached serves.
     pub fn detach_relay(&self, serial: u64) {
-        lock(&self.state).relays.retain(|r| r.serial() != serial);
+        let detached = {
+            let mut s = lock(&self.state);
+            let before = s.relays.len();
+            s.relays.retain(|r| r.serial() != serial);
+            s.relays.len() != before
+        };
+        if detached {
+            self.changed();
+        }
+    }
+
+    /// A receiver that sees every change of the account's presence, its
+    /// relay streams included (and those of the other accounts).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// The relay stream that serves: the newest open one.

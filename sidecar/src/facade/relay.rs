@@ -226,21 +226,8 @@ where
         );
         body::status(&status)
     };
-    let Some(handle) = account.relay() else {
-        let status = Status::unavailable(format!(
-            "account {:?} has no relay stream from its agent",
-            account.name()
-        ));
-        return fail(&account, op, Outcome::Unavailable, status);
-    };
     let fold = folded_kind(&account, &parts.method, &k8s_path);
     let query = Query::parse(Some(&raw_query));
-    let exchange = handle.register(id);
-    let mut guard = CancelGuard {
-        handle: handle.clone(),
-        id,
-        done: false,
-    };
     let headers = FORWARDED_REQUEST_HEADERS
         .iter()
         .flat_map(|name| {
@@ -260,33 +247,70 @@ where
         deadline_unix_millis: deadline_millis(&query),
         end_stream,
     };
+    // A read with no body changed nothing, so when its stream closes before
+    // any answer (the agent's connection or its gateway went away) it goes
+    // again on the account's next stream, once, within its timeout. A write
+    // is never sent twice: the agent may have applied it.
+    let resend = end_stream && matches!(parts.method, http::Method::GET | http::Method::HEAD);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut body = Some(body);
+    let mut closed: Option<u64> = None;
     let mut op = op;
-    // Stamped before the send: the wait for room in the stream is part of
-    // the trip to the agent, and the agent cannot start before this.
-    let sent = chrono::Utc::now();
-    if handle.send(relay_down::Msg::Head(head)).await.is_err() {
-        guard.done = true;
-        let status = Status::unavailable("the relay stream to the agent closed");
-        return fail(&account, op, Outcome::Unavailable, status);
-    }
-    op.sent_to_agent = Some(sent);
-    if !end_stream {
-        tokio::spawn(send_body(handle.clone(), id, body));
-    }
-    let answer = match tokio::time::timeout(timeout, exchange.head).await {
-        Err(_) => {
-            let status = Status::timeout(format!(
-                "the agent did not answer within {}s",
-                timeout.as_secs()
-            ));
-            return fail(&account, op, Outcome::Timeout, status);
+    let (answer, sent, exchange_body, mut guard) = loop {
+        let wait_until = match closed {
+            None => deadline,
+            Some(_) => deadline.min(tokio::time::Instant::now() + RESEND_WAIT),
+        };
+        let Some((handle, exchange)) = exchange_on(&account, id, closed, wait_until).await else {
+            let status = match closed {
+                None => Status::unavailable(format!(
+                    "account {:?} has no relay stream from its agent",
+                    account.name()
+                )),
+                Some(_) => Status::unavailable(CLOSED_BEFORE_ANSWER),
+            };
+            return fail(&account, op, Outcome::Unavailable, status);
+        };
+        let mut guard = CancelGuard {
+            handle: handle.clone(),
+            id,
+            done: false,
+        };
+        // Stamped before the send: the wait for room in the stream is part
+        // of the trip to the agent, and the agent cannot start before this.
+        let sent = chrono::Utc::now();
+        if handle
+            .send(relay_down::Msg::Head(head.clone()))
+            .await
+            .is_ok()
+        {
+            op.sent_to_agent = Some(sent);
+            if let Some(body) = body.take().filter(|_| !end_stream) {
+                tokio::spawn(send_body(handle.clone(), id, body));
+            }
+            match tokio::time::timeout_at(deadline, exchange.head).await {
+                Err(_) => {
+                    let status = Status::timeout(format!(
+                        "the agent did not answer within {}s",
+                        timeout.as_secs()
+                    ));
+                    return fail(&account, op, Outcome::Timeout, status);
+                }
+                Ok(Ok(answer)) => break (answer, sent, exchange.body, guard),
+                Ok(Err(_)) => {} // the stream closed before it answered
+            }
         }
-        Ok(Err(_)) => {
-            guard.done = true;
-            let status = Status::unavailable("the relay stream to the agent closed");
+        guard.done = true;
+        if !resend || closed.is_some() {
+            let status = Status::unavailable(CLOSED_BEFORE_ANSWER);
             return fail(&account, op, Outcome::Unavailable, status);
         }
-        Ok(Ok(answer)) => answer,
+        tracing::debug!(
+            account = account.name(),
+            id,
+            "relay stream closed before the answer; sending the read again"
+        );
+        closed = Some(handle.serial());
     };
     if let Some(agent) = answer.agent {
         op.place_agent_part(sent, chrono::Utc::now(), agent);
@@ -299,7 +323,7 @@ where
         Ok(head) => head,
     };
     let status = StatusCode::from_u16(head.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut rx = exchange.body;
+    let mut rx = exchange_body;
     let mut prefix = None;
     if let Some(kind) = fold.filter(|_| status.is_success()) {
         let (bytes, complete) = collect(&mut rx, FOLD_LIMIT).await;
@@ -338,6 +362,46 @@ where
         }
     }
     resp
+}
+
+/// What a request whose relay stream closed before it answered fails with.
+const CLOSED_BEFORE_ANSWER: &str = "the relay stream to the agent closed before it answered";
+
+/// How long a read whose relay stream closed under it waits for the agent's
+/// next stream (within its own timeout): an agent whose gateway went away is
+/// back through another one in well under this.
+pub const RESEND_WAIT: Duration = Duration::from_secs(5);
+
+/// Registers request `id` on the account's newest relay stream, unless that
+/// is the stream `closed` (which closed under it: then wait, until
+/// `wait_until`, for the agent's next one). A stream that drains takes no new
+/// request; the tunnel detaches it at once, so the next look finds the one
+/// that replaced it. `None` when there is no stream to use.
+async fn exchange_on(
+    account: &Account,
+    id: u64,
+    closed: Option<u64>,
+    wait_until: tokio::time::Instant,
+) -> Option<(RelayHandle, crate::relay::Exchange)> {
+    let mut changes = account.changes();
+    loop {
+        let newest = account.relay().filter(|h| Some(h.serial()) != closed);
+        match newest {
+            Some(handle) => {
+                if let Some(exchange) = handle.register(id) {
+                    return Some((handle, exchange));
+                }
+            }
+            // No stream at all: fail at once, as a request that finds the
+            // agent away does; a resend waits for the agent to come back.
+            None if closed.is_none() => return None,
+            None => {}
+        }
+        match tokio::time::timeout_at(wait_until, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return None,
+        }
+    }
 }
 
 /// Reads the body until it ends or passes `limit`; returns what was read

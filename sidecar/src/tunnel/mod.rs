@@ -373,8 +373,12 @@ impl Tunnel for TunnelService {
             .map_err(|e| self.held("relay", &identity, e))?;
         tracing::info!(account = %name, agent = %identity, "relay stream open");
         let stop = account.stream_token(&self.shutdown);
+        // A draining stream ends (OK) once it has answered everything.
+        let ended = handle.ended();
         tokio::spawn(relay::run(account, handle, inbound, stop));
-        let out = ReceiverStream::new(rx).map(Ok);
+        let out = ReceiverStream::new(rx)
+            .take_until(ended.cancelled_owned())
+            .map(Ok);
         Ok(Response::new(Box::pin(out)))
     }
 }

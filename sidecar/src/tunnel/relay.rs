@@ -33,7 +33,18 @@ pub async fn run(
             }
         };
         if let Some(msg) = up.msg {
+            let drain = matches!(msg, v1::relay_up::Msg::Drain(_));
             handle.deliver(msg);
+            if drain {
+                // New requests go to the account's newest stream; this one
+                // ends once it has answered what it carries.
+                account.detach_relay(handle.serial());
+                tracing::info!(
+                    account = account.name(),
+                    in_flight = handle.in_flight(),
+                    "relay stream draining"
+                );
+            }
         }
     }
     account.detach_relay(handle.serial());
