@@ -89,7 +89,10 @@ impl Connection {
         self.handshake_ok(remote);
         let Some(server) = server else {
             // Not an ingress name: today's agent connection.
-            return self.serve_agent(Box::new(tls), remote).await;
+            if let Some(life) = self.serve_agent(Box::new(tls), remote, None) {
+                life.await;
+            }
+            return;
         };
         let (_, session) = tls.get_ref();
         let chain = session.peer_certificates().map(<[_]>::to_vec);

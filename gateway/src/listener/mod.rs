@@ -267,7 +267,15 @@ impl Listener {
                 shutdown: shutdown.clone(),
                 hard: hard.clone(),
             };
-            connections.spawn(conn.serve(stream));
+            connections.spawn(async move {
+                // Two phases, so the task stays small for the connection's
+                // life: the handshake's state (PROXY header, ClientHello,
+                // TLS) is boxed and freed once it is done, and what serves
+                // the connection afterwards is one boxed future.
+                if let Some(life) = Box::pin(conn.handshake(stream)).await {
+                    life.await;
+                }
+            });
         }
         let started = Instant::now();
         drop(self.tcp);
@@ -387,6 +395,44 @@ struct Connection {
     hard: CancellationToken,
 }
 
+/// What serves a connection once its handshake is done.
+type ConnectionLife = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// `fut`, holding `held` until it is dropped. (An `async move` block
+    /// around `fut` would reserve room for it twice: once as the captured
+    /// value, once as the value awaited.)
+    struct Holding<F> {
+        #[pin]
+        fut: F,
+        held: Option<Held>,
+    }
+}
+
+impl<F> Holding<F> {
+    fn new(fut: F, held: Option<Held>) -> Self {
+        Self { fut, held }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Holding<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.project().fut.poll(cx)
+    }
+}
+
+/// What a connection holds while it is open: its `maxConnections` slot and
+/// its count in `connections_open`.
+struct Held {
+    _slot: crate::limits::Slot<()>,
+    _open: OpenGauge,
+}
+
 /// Keeps `connections_open` right however the connection ends.
 struct OpenGauge(Arc<crate::stats::Stats>);
 
@@ -431,17 +477,25 @@ impl Connection {
         self.shared.stats.incr(Counter::HandshakeFailures);
     }
 
-    async fn serve(mut self, mut stream: TcpStream) {
+    /// Everything before the connection is served: the slot, the PROXY
+    /// header, admission and the TLS handshake. Returns what serves the
+    /// connection from then on (holding its slot and its gauge), or `None`
+    /// when it ended here.
+    async fn handshake(mut self, mut stream: TcpStream) -> Option<ConnectionLife> {
         let socket_peer = self.remote;
         let local_port = stream.local_addr().map_or(0, |a| a.port());
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(remote = %socket_peer, error = %e, "setting TCP_NODELAY failed");
         }
-        let Some(_slot) = self.settings.connections.try_take(()) else {
-            return self.refuse(Refusal::MaxConnections, socket_peer);
+        let Some(slot) = self.settings.connections.try_take(()) else {
+            self.refuse(Refusal::MaxConnections, socket_peer);
+            return None;
         };
         self.shared.stats.metrics().connections_open.inc();
-        let _open = OpenGauge(self.shared.stats.clone());
+        let held = Held {
+            _slot: slot,
+            _open: OpenGauge(self.shared.stats.clone()),
+        };
 
         let prefix = match &self.settings.proxy {
             None => Bytes::new(),
@@ -457,18 +511,23 @@ impl Connection {
                         self.remote = client;
                         rest
                     }
-                    Ok(Err(Some(reason))) => return self.refuse(reason, socket_peer),
-                    Ok(Err(None)) => return,
-                    Err(_) => return self.refuse(Refusal::ProxyHeaderTimeout, socket_peer),
+                    Ok(Err(Some(reason))) => {
+                        self.refuse(reason, socket_peer);
+                        return None;
+                    }
+                    Ok(Err(None)) => return None,
+                    Err(_) => {
+                        self.refuse(Refusal::ProxyHeaderTimeout, socket_peer);
+                        return None;
+                    }
                 }
             }
         };
         let remote = self.remote;
         if let Some(ingress) = self.settings.ingress.clone() {
-            // Boxed: hyper's connection futures would otherwise set the size
-            // of every agent connection's task.
             let stream = Prefixed::new(prefix, stream);
-            return Box::pin(self.serve_ingress(ingress, stream, local_port)).await;
+            let serve = self.serve_ingress(ingress, stream, local_port);
+            return Some(Box::pin(Holding::new(serve, Some(held))));
         }
 
         let Some(tls) = self.tls.clone() else {
@@ -481,7 +540,7 @@ impl Connection {
                 control: ControlSlot::default(),
             };
             self.count_client(remote, ClientResult::Accepted);
-            return self.serve_h2(Prefixed::new(prefix, stream), peer).await;
+            return Some(self.serve_h2(Prefixed::new(prefix, stream), peer, Some(held)));
         };
         let peek = read_client_hello(&mut stream, prefix, &tls);
         let (prefix, returning) =
@@ -489,11 +548,13 @@ impl Connection {
                 Ok(read) => read,
                 Err(_) => {
                     self.shared.stats.metrics().handshake(false);
-                    return self.refuse(Refusal::HandshakeTimeout, remote);
+                    self.refuse(Refusal::HandshakeTimeout, remote);
+                    return None;
                 }
             };
         if let Err(reason) = self.settings.admit_handshake(remote.ip(), returning).await {
-            return self.refuse(reason, remote);
+            self.refuse(reason, remote);
+            return None;
         }
         let stream = Prefixed::new(prefix, stream);
         // The configuration current now: a reload changes what the next
@@ -502,8 +563,9 @@ impl Connection {
         // Boxed, so the handshake's state is freed once it is done instead of
         // sizing the connection's task for its whole life.
         let handshake = Box::pin(acceptor.accept(stream));
+        // Boxed as it comes out: it moves on by pointer.
         let tls = match tokio::time::timeout(self.settings.handshake_timeout, handshake).await {
-            Ok(Ok(tls)) => tls,
+            Ok(Ok(tls)) => Box::new(tls),
             Ok(Err(e)) => {
                 self.handshake_failed(remote);
                 if self
@@ -513,11 +575,12 @@ impl Connection {
                 {
                     tracing::warn!(%remote, error = %e, "TLS handshake failed");
                 }
-                return;
+                return None;
             }
             Err(_) => {
                 self.shared.stats.metrics().handshake(false);
-                return self.refuse(Refusal::HandshakeTimeout, remote);
+                self.refuse(Refusal::HandshakeTimeout, remote);
+                return None;
             }
         };
         if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
@@ -535,22 +598,23 @@ impl Connection {
             if !valid {
                 self.shared.stats.incr(Counter::ConnectionsWithoutIdentity);
                 tracing::warn!(%remote, "resumed session's client certificate has expired; closing");
-                return;
+                return None;
             }
             self.shared.stats.metrics().handshakes_resumed.inc();
         }
         self.handshake_ok(remote);
-        // Boxed: the TLS state is moved through several futures, each of
-        // which would otherwise keep room for it for the connection's life.
-        self.serve_agent(Box::new(tls), remote).await;
+        self.serve_agent(tls, remote, Some(held))
     }
 
-    /// An agent connection after its handshake: named, then served as HTTP/2.
-    async fn serve_agent(
+    /// An agent connection after its handshake: named, then served as
+    /// HTTP/2 (`None`: it names no one, and ends). `held` is `None` when the
+    /// caller's future holds the connection's slot and gauge.
+    fn serve_agent(
         self,
         tls: Box<tokio_rustls::server::TlsStream<Prefixed<TcpStream>>>,
         remote: SocketAddr,
-    ) {
+        held: Option<Held>,
+    ) -> Option<ConnectionLife> {
         let (_, server) = tls.get_ref();
         let identity = match server.peer_certificates().and_then(|certs| certs.first()) {
             Some(leaf) => identity_from_cert(leaf, &self.sources),
@@ -565,9 +629,12 @@ impl Connection {
                             remote,
                             control: tunnel::ConnState::bootstrap(),
                         };
-                        self.serve_h2(tls, peer).await
+                        Some(self.serve_h2(tls, peer, held))
                     }
-                    Err(e) => tracing::warn!(%remote, error = %e, "no connection binding; closing"),
+                    Err(e) => {
+                        tracing::warn!(%remote, error = %e, "no connection binding; closing");
+                        None
+                    }
                 };
             }
             None => Ok(None),
@@ -577,19 +644,19 @@ impl Connection {
             Ok(None) => {
                 self.shared.stats.incr(Counter::ConnectionsWithoutIdentity);
                 tracing::warn!(%remote, "client certificate names no identity; closing");
-                return;
+                return None;
             }
             Err(e) => {
                 self.shared.stats.incr(Counter::ConnectionsWithoutIdentity);
                 tracing::warn!(%remote, error = %e, "client certificate unreadable; closing");
-                return;
+                return None;
             }
         };
         let binding = match connection_binding(&**server) {
             Ok(binding) => binding,
             Err(e) => {
                 tracing::warn!(%remote, error = %e, "no connection binding; closing");
-                return;
+                return None;
             }
         };
         tracing::debug!(%remote, identity, "agent connected");
@@ -599,10 +666,13 @@ impl Connection {
             remote,
             control: ControlSlot::default(),
         };
-        self.serve_h2(tls, peer).await;
+        Some(self.serve_h2(tls, peer, held))
     }
 
-    async fn serve_h2<I>(self, io: I, peer: ConnPeer)
+    /// The agent connection's life: HTTP/2 on `io`, one boxed future that
+    /// holds the connection's slot and gauge (`held`, when the caller's
+    /// future does not).
+    fn serve_h2<I>(self, io: I, peer: ConnPeer, held: Option<Held>) -> ConnectionLife
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -617,16 +687,15 @@ impl Connection {
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             preface_timeout: settings.preface_timeout,
         };
-        // Boxed at its own size; this future keeps a pointer.
-        Box::pin(crate::tunnel::server::serve(
+        let serve = crate::tunnel::server::serve(
             io,
             peer,
             self.shared.clone(),
             limits,
             self.shutdown.clone(),
             self.hard.clone(),
-        ))
-        .await;
+        );
+        Box::pin(Holding::new(serve, held))
     }
 }
 

@@ -507,14 +507,19 @@ fn grpc_message(m: &impl prost::Message) -> Bytes {
 
 /// Serves one agent connection over `io` (after TLS and naming) until it
 /// ends: drained on `shutdown`, closed on `hard`.
-pub async fn serve<IO>(
+///
+/// The connection's state is built before the future is, so the future holds
+/// it once (an `async fn` would also keep room for its arguments for the
+/// connection's whole life).
+pub fn serve<IO>(
     io: IO,
     peer: ConnPeer,
     shared: Arc<Shared>,
     limits: AgentLimits,
     shutdown: CancellationToken,
     hard: CancellationToken,
-) where
+) -> impl std::future::Future<Output = ()>
+where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let remote = peer.remote;
@@ -555,42 +560,44 @@ pub async fn serve<IO>(
     };
     let bytes = shared.stats.metrics().bytes_counter(true);
     let mut conn = Conn::new(io, link, role, local);
-    let mut flush_deadline: Option<Pin<Box<Sleep>>> = None;
-    let result = poll_fn(|cx| {
-        let r = conn.poll_run(cx);
-        let n = conn.take_forwarded();
-        if n > 0 {
-            bytes.inc_by(n);
-        }
-        if r.is_pending() && conn.is_closing() {
-            // A peer that reads nothing cannot hold the connection open.
-            let deadline =
-                flush_deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(CLOSE_FLUSH)));
-            if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Ok(()));
+    async move {
+        let mut flush_deadline: Option<Pin<Box<Sleep>>> = None;
+        let result = poll_fn(|cx| {
+            let r = conn.poll_run(cx);
+            let n = conn.take_forwarded();
+            if n > 0 {
+                bytes.inc_by(n);
             }
+            if r.is_pending() && conn.is_closing() {
+                // A peer that reads nothing cannot hold the connection open.
+                let deadline =
+                    flush_deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(CLOSE_FLUSH)));
+                if deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            r
+        })
+        .await;
+        conn.shut();
+        match result {
+            Ok(()) => tracing::debug!(%remote, "agent connection closed"),
+            Err(e @ (ConnError::Preface | ConnError::Protocol(..))) => {
+                shared.stats.refuse(Refusal::Protocol);
+                tracing::info!(%remote, error = %e, "agent connection ended");
+            }
+            Err(e @ (ConnError::PrefaceTimeout(_) | ConnError::Offence(_))) => {
+                shared.stats.refuse(match e {
+                    ConnError::Offence(Offence::HeaderListTooLarge) => Refusal::HeaderListTooLarge,
+                    ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
+                    ConnError::Offence(Offence::Glitches) => Refusal::Glitches,
+                    ConnError::Offence(Offence::MemoryBudget) => Refusal::MemoryBudget,
+                    ConnError::Offence(Offence::Cancels) => Refusal::Cancels,
+                    _ => Refusal::PrefaceTimeout,
+                });
+                tracing::info!(%remote, error = %e, "agent connection ended");
+            }
+            Err(e) => tracing::info!(%remote, error = %e, "agent connection ended"),
         }
-        r
-    })
-    .await;
-    conn.shut();
-    match result {
-        Ok(()) => tracing::debug!(%remote, "agent connection closed"),
-        Err(e @ (ConnError::Preface | ConnError::Protocol(..))) => {
-            shared.stats.refuse(Refusal::Protocol);
-            tracing::info!(%remote, error = %e, "agent connection ended");
-        }
-        Err(e @ (ConnError::PrefaceTimeout(_) | ConnError::Offence(_))) => {
-            shared.stats.refuse(match e {
-                ConnError::Offence(Offence::HeaderListTooLarge) => Refusal::HeaderListTooLarge,
-                ConnError::Offence(Offence::WindowOverflow) => Refusal::WindowOverflow,
-                ConnError::Offence(Offence::Glitches) => Refusal::Glitches,
-                ConnError::Offence(Offence::MemoryBudget) => Refusal::MemoryBudget,
-                ConnError::Offence(Offence::Cancels) => Refusal::Cancels,
-                _ => Refusal::PrefaceTimeout,
-            });
-            tracing::info!(%remote, error = %e, "agent connection ended");
-        }
-        Err(e) => tracing::info!(%remote, error = %e, "agent connection ended"),
     }
 }
