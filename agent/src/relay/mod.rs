@@ -43,9 +43,9 @@ struct Pending {
 /// and ends this one once it has the answers to every request it sent here,
 /// those still on their way included. No timer decides that a request will
 /// not come (a sidecar too old to know `RelayDrain` leaves the stream to the
-/// connection's drain deadline). `opened` is told when the sidecar has the stream (it sends new
-/// requests to the newest stream). Every request is counted in `metrics` by
-/// verb and outcome.
+/// connection's drain deadline). `opened` is told when the sidecar has the
+/// stream (it sends new requests to the newest stream). Every request is
+/// counted in `metrics` by verb and outcome.
 pub async fn run(
     session: &Session,
     cluster: &Cluster,
