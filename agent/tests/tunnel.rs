@@ -40,6 +40,19 @@ impl Running {
     }
 }
 
+/// A relayed `GET /api/v1/namespaces`, request `id`.
+fn list_namespaces(id: u64) -> v1::RelayDown {
+    v1::RelayDown {
+        msg: Some(relay_down::Msg::Head(v1::RequestHead {
+            id,
+            method: "GET".into(),
+            path: "/api/v1/namespaces".into(),
+            end_stream: true,
+            ..Default::default()
+        })),
+    }
+}
+
 #[tokio::test]
 async fn hello_streams_metadata_and_refusal() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,19 +155,7 @@ async fn hello_streams_metadata_and_refusal() {
     });
 
     // A relayed request against an unreachable cluster fails with 502.
-    gw.relay_down(
-        "dev",
-        v1::RelayDown {
-            msg: Some(relay_down::Msg::Head(v1::RequestHead {
-                id: 41,
-                method: "GET".into(),
-                path: "/api/v1/namespaces".into(),
-                end_stream: true,
-                ..Default::default()
-            })),
-        },
-    )
-    .await;
+    gw.relay_down("dev", list_namespaces(41)).await;
     gw.wait_for("relay error 502", |r| {
         r.relay_up.iter().any(|(_, m)| {
             matches!(&m.msg, Some(relay_up::Msg::Error(e)) if e.id == 41 && e.status == 502)
@@ -325,16 +326,9 @@ async fn a_moved_relay_stream_answers_until_the_sidecar_ends_it() {
 
     // The request that was on its way is answered on the old stream (an
     // unreachable cluster: 502).
-    let late = v1::RelayDown {
-        msg: Some(relay_down::Msg::Head(v1::RequestHead {
-            id: 77,
-            method: "GET".into(),
-            path: "/api/v1/namespaces".into(),
-            end_stream: true,
-            ..Default::default()
-        })),
-    };
-    gw.relay_down_on("dev", 0, late).await.unwrap();
+    gw.relay_down_on("dev", 0, list_namespaces(77))
+        .await
+        .unwrap();
     let answered: fn(&relay_up::Msg) -> bool =
         |m| matches!(m, relay_up::Msg::Error(e) if e.id == 77 && e.status == 502);
     gw.wait_for(

@@ -196,7 +196,8 @@ impl RelayHandle {
     }
 
     /// Whether the agent said this stream drains.
-    pub fn draining(&self) -> bool {
+    #[cfg(test)]
+    fn draining(&self) -> bool {
         self.pending().table.draining
     }
 
@@ -331,6 +332,7 @@ impl RelayHandle {
     /// heads' senders drop, which tells the facade the stream closed before
     /// it answered (a read may then go again on the account's next stream).
     pub fn fail_all(&self) {
+        // Taken out under the lock, dropped (waking their requests) after it.
         let drained: Vec<Pending> = self.pending().drain().map(|(_, p)| p).collect();
         drop(drained);
     }

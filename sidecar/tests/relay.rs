@@ -169,12 +169,9 @@ async fn relay_stream_gone_fails_a_waiting_write_with_503() -> anyhow::Result<()
     assert_eq!(answer.status, 503);
     assert_eq!(answer.json()["reason"], "ServiceUnavailable");
     assert!(
-        answer.json()["message"]
-            .as_str()
-            .unwrap()
-            .contains("closed before it answered"),
-        "{:?}",
-        answer.json()
+        answer.message().contains("closed before it answered"),
+        "{}",
+        answer.message()
     );
     assert!(
         futures::FutureExt::now_or_never(second.down.message()).is_none(),
@@ -250,6 +247,27 @@ async fn a_draining_stream_answers_what_it_carries_then_the_sidecar_ends_it() ->
     let end = tokio::time::timeout(WAIT, old.down.message()).await?;
     assert!(matches!(end, Ok(None)), "{end:?}");
     assert!(sidecar.accounts.status("prod").is_some_and(|s| s.relay));
+    sidecar.stop().await
+}
+
+#[tokio::test]
+async fn a_drain_on_the_only_stream_leaves_the_account_without_a_relay_at_once()
+-> anyhow::Result<()> {
+    // What an agent that says `RelayDrain` with no newer stream costs: its
+    // own account's relayed requests fail at once (503, as with no stream),
+    // none waits out its timeout, and the sidecar ends the stream.
+    let (sidecar, mut relay, _cache) = setup().await?;
+    relay.send(relay_up::Msg::Drain(v1::RelayDrain {})).await?;
+    let end = tokio::time::timeout(WAIT, relay.down.message()).await?;
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let url = sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/p/log?timeoutSeconds=30");
+    let answer = tokio::time::timeout(Duration::from_secs(5), get(&http(), &url)).await??;
+    assert_eq!(answer.status, 503, "{:?}", answer.json());
+    assert!(
+        answer.message().contains("no relay stream"),
+        "{}",
+        answer.message()
+    );
     sidecar.stop().await
 }
 

@@ -365,6 +365,14 @@ impl Answer {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
+
+    /// The `message` of a `metav1.Status` answer (empty if it has none).
+    pub fn message(&self) -> String {
+        self.json()["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
 }
 
 pub async fn request(
