@@ -130,7 +130,7 @@ echo
 echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "- machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/Mem:/ {print $2}') GiB memory"
 echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "- nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS workers; gateway: release build, tokio multi-thread runtime; same nginx config (TLS, http2, proxy_pass to a keepalive upstream)"
+echo "- nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS workers; gateway: release build, one worker thread per CPU; same nginx config (TLS, http2, proxy_pass to a keepalive upstream)"
 echo "- h2load $(h2load --version | head -1 | awk '{print $2}'): $REQUESTS requests per run, $CLIENTS connections; HTTP/2 with $STREAMS concurrent streams per connection"
 echo
 echo "| protocol | nginx req/s (median) | gateway req/s (median) | gateway / nginx |"

@@ -47,11 +47,17 @@ pub struct PeerProc {
 }
 
 impl PeerProc {
-    /// Starts `program args`, stdout and stderr to `log`.
-    pub fn start(program: &Path, args: &[&str], log: &Path) -> anyhow::Result<Self> {
+    /// Starts `program args` with `env` added, stdout and stderr to `log`.
+    pub fn start(
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
         let out = std::fs::File::create(log)?;
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -409,7 +415,14 @@ impl Front {
         };
         std::fs::write(&cfg, text)?;
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut proc = PeerProc::start(bin, &args, &log)?;
+        // No front keeps an access log (nginx: `access_log off`; HAProxy and
+        // Envoy log no requests unless told to): the gateway's, one line
+        // per carried stream, is turned off the same way.
+        let env: &[(&str, &str)] = match kind {
+            Kind::Gateway => &[("SPINLINK_LOG", "info,spinlink_gateway::access=off")],
+            _ => &[],
+        };
+        let mut proc = PeerProc::start(bin, &args, env, &log)?;
         // The gateway's drain on SIGTERM would only slow the bench down.
         proc.sigkill = kind == Kind::Gateway;
         wait_port(listen, name, &log)?;

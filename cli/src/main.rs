@@ -11,6 +11,7 @@ mod signal;
 mod sim;
 mod status;
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -151,8 +152,13 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_env("SPINLINK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a log collector stores the
+    // escape codes as they are, and writing them costs time per line.
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .init();
 }

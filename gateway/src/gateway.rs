@@ -26,6 +26,7 @@ use crate::tunnel::{Shared, TunnelLimits};
 use crate::upstream::discovery::{DnsDiscovery, EndpointSliceDiscovery};
 use crate::upstream::health::HealthChecker;
 use crate::upstream::{Target, Upstream, UpstreamSet, UpstreamTls};
+use crate::workers::Workers;
 use crate::{Error, Result};
 
 /// A bound gateway, ready to [`run`](Gateway::run).
@@ -149,12 +150,17 @@ impl Gateway {
             .map(UpstreamTls::from_config)
             .transpose()?;
         let pool = &config.upstream_pool;
-        let upstreams = Arc::new(UpstreamSet::new(
-            upstream_tls.clone(),
-            config.upstream_connections,
-            pool.clone(),
-            stats.clone(),
-        ));
+        let count = crate::workers::count(config.workers);
+        let workers = Workers::start(count).map_err(|source| Error::Workers { count, source })?;
+        let upstreams = Arc::new(
+            UpstreamSet::new(
+                upstream_tls.clone(),
+                config.upstream_connections,
+                pool.clone(),
+                stats.clone(),
+            )
+            .with_workers(workers.spawners()),
+        );
         let static_source = upstreams.add_source();
         let mut fixed = Vec::new();
         let mut dns = Vec::new();
@@ -243,6 +249,7 @@ impl Gateway {
             %local_addr,
             upstreams = config.upstreams.len(),
             policy_rules = config.policy.len(),
+            workers = workers.len(),
             insecure = config.insecure,
             admin = ?admin.as_ref().and_then(|a| a.local_addr().ok()),
             "gateway bound"
@@ -279,7 +286,14 @@ impl Gateway {
             dns,
             watches,
             health,
-            listener: Listener::new(tcp, tls, config.identity.sources(), shared, settings),
+            listener: Listener::new(
+                tcp,
+                tls,
+                config.identity.sources(),
+                shared,
+                settings,
+                workers,
+            ),
             local_addr,
             grace: config.shutdown_grace(),
             stats,

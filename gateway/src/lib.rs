@@ -9,12 +9,13 @@
 //! checked against their token and carried frame by frame to the sidecar
 //! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`].
 //! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an
-//! nginx-style model on the same listener. [`admin`] serves the counters of
+//! nginx-style model on the same listener. Each connection lives on one of
+//! the [`workers`], with that worker's own upstream connections. [`admin`] serves the counters of
 //! [`stats`], with `/healthz` and `/readyz`, on the admin port. [`fuzz`]
 //! holds the bodies of the fuzz targets.
 //!
 //! Layers, each naming only those below it: the leaves [`cidr`], [`stats`],
-//! [`limits`], [`reload`], [`route`] and [`token`], and [`config`] (plain
+//! [`limits`], [`reload`], [`route`], [`token`] and [`workers`], and [`config`] (plain
 //! data over [`cidr`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
 //! and [`upstream`]; [`tunnel`]; [`listener`]; [`admin`]; and the
 //! [`Gateway`] that builds them all (`scripts/module-cycles.py` checks that
@@ -40,6 +41,7 @@ pub mod tls;
 pub mod token;
 pub mod tunnel;
 pub mod upstream;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -97,6 +99,15 @@ pub enum Error {
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The worker threads could not be started.
+    #[error("starting {count} worker threads: {source}")]
+    Workers {
+        /// How many were asked for.
+        count: usize,
         /// The I/O error.
         #[source]
         source: std::io::Error,

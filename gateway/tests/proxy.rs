@@ -442,6 +442,40 @@ async fn many_concurrent_bidi_streams_share_one_connection_each_way() {
     assert_eq!(gw.stats.snapshot().streams_forwarded, STREAMS as u64 + 4);
 }
 
+/// Each worker carries its connections' streams on the upstream
+/// connections it dialled itself: one agent connection's streams, however
+/// many, go over one upstream connection of the two, and a second agent
+/// connection (given to the other, idle worker) brings the second.
+#[tokio::test]
+async fn a_connection_s_streams_stay_on_its_worker_s_upstream_connection() {
+    let pki = pki();
+    let sidecar = FakeSidecar::plain().await;
+    let gw = start_gateway(&tls_gateway_yaml(
+        &pki.pki,
+        &format!(
+            "{}upstreamConnections: 2\nworkers: 2\n",
+            upstream_yaml(&sidecar.url())
+        ),
+    ))
+    .await;
+    let mut open = Vec::new();
+    let first = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&first, "dev-1").await;
+    for _ in 0..6 {
+        open.push(acked_cache(&first, "dev-1", &token).await);
+    }
+    assert_eq!(sidecar.record.lock().unwrap().connections, 1);
+
+    let second = agent_a1(gw.addr, &pki.pki).await;
+    let token = token_for(&second, "dev-1").await;
+    for _ in 0..6 {
+        open.push(acked_cache(&second, "dev-1", &token).await);
+    }
+    let record = sidecar.record.lock().unwrap();
+    assert_eq!(record.streams.len(), 12);
+    assert_eq!(record.connections, 2);
+}
+
 #[tokio::test]
 async fn upstream_down_is_unavailable() {
     let pki = pki();

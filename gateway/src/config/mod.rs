@@ -34,6 +34,8 @@ pub const DEFAULT_LEEWAY_SECONDS: u64 = 30;
 pub const DEFAULT_UPSTREAM_CONNECTIONS: usize = 2;
 /// Most HTTP/2 connections kept to one upstream sidecar.
 pub const MAX_UPSTREAM_CONNECTIONS: usize = 16;
+/// Most worker threads a gateway may be given.
+pub const MAX_WORKERS: usize = 256;
 /// Default time connections get to finish after shutdown is signalled.
 pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: u64 = 30;
 /// Default interval of the certificate reload check.
@@ -129,8 +131,13 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// TLS towards `https://` upstreams.
     pub upstream_tls: Option<UpstreamTlsConfig>,
-    /// HTTP/2 connections kept to each upstream (1..=16).
+    /// HTTP/2 connections kept to each upstream (1..=16), spread over the
+    /// workers; each worker keeps at least one.
     pub upstream_connections: usize,
+    /// Threads that serve connections, each owning its connections and its
+    /// own upstream connections (0, the default: one per CPU the process
+    /// may use; at most 256).
+    pub workers: usize,
     /// Seconds connections get to finish after shutdown is signalled.
     pub shutdown_grace_seconds: u64,
     /// The admin HTTP port; none when absent.
@@ -165,6 +172,7 @@ impl Default for Config {
             upstreams: Vec::new(),
             upstream_tls: None,
             upstream_connections: DEFAULT_UPSTREAM_CONNECTIONS,
+            workers: 0,
             shutdown_grace_seconds: DEFAULT_SHUTDOWN_GRACE_SECONDS,
             admin: None,
             listener: ListenerConfig::default(),
@@ -571,6 +579,12 @@ impl Config {
             return Err(invalid(
                 "upstreamConnections",
                 &format!("must be between 1 and {MAX_UPSTREAM_CONNECTIONS}"),
+            ));
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(invalid(
+                "workers",
+                &format!("must be at most {MAX_WORKERS} (0: one per CPU)"),
             ));
         }
         if let Some(jwt) = &self.jwt_bootstrap {

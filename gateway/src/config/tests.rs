@@ -70,6 +70,7 @@ fn defaults() {
     );
     assert!(c.policy.is_empty());
     assert_eq!(c.upstream_connections, DEFAULT_UPSTREAM_CONNECTIONS);
+    assert_eq!(c.workers, 0, "one per CPU");
     assert_eq!(
         c.listener.preface_timeout_seconds,
         DEFAULT_PREFACE_TIMEOUT_SECONDS
@@ -104,6 +105,10 @@ fn invalid_values_name_key_and_file() {
         (
             "insecure: true\nupstreamConnections: 0\nupstreams: [{url: 'http://h:1'}]\n",
             "`upstreamConnections`",
+        ),
+        (
+            "insecure: true\nworkers: 257\nupstreams: [{url: 'http://h:1'}]\n",
+            "`workers`",
         ),
         (
             "insecure: true\nupstreams: [{url: 'http://h:1'}]\nlistener: {handshakeQueueSeconds: -1}\n",

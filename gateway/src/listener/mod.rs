@@ -63,6 +63,7 @@ use crate::stats::metrics::ClientResult;
 use crate::stats::{Counter, Refusal};
 use crate::tls::ServerTls;
 use crate::tunnel::{self, ConnPeer, ControlSlot, Shared};
+use crate::workers::Workers;
 
 /// Interval of HTTP/2 PINGs to agents; well inside load balancers' idle cuts
 /// (AWS NLB: 350 s).
@@ -203,6 +204,7 @@ pub struct Listener {
     sources: Arc<[IdentitySource]>,
     shared: Arc<Shared>,
     settings: Arc<Settings>,
+    workers: Workers,
 }
 
 impl std::fmt::Debug for Listener {
@@ -210,19 +212,21 @@ impl std::fmt::Debug for Listener {
         f.debug_struct("Listener")
             .field("addr", &self.tcp.local_addr().ok())
             .field("tls", &self.tls.is_some())
+            .field("workers", &self.workers.len())
             .finish_non_exhaustive()
     }
 }
 
 impl Listener {
-    /// A listener on `tcp`; `tls` is `None` only for the insecure (h2c)
-    /// development listener.
+    /// A listener on `tcp` whose connections are served on `workers`;
+    /// `tls` is `None` only for the insecure (h2c) development listener.
     pub fn new(
         tcp: TcpListener,
         tls: Option<Arc<ServerTls>>,
         sources: Vec<IdentitySource>,
         shared: Arc<Shared>,
         settings: Settings,
+        workers: Workers,
     ) -> Self {
         Self {
             tcp,
@@ -230,6 +234,7 @@ impl Listener {
             sources: sources.into(),
             shared,
             settings: Arc::new(settings),
+            workers,
         }
     }
 
@@ -267,15 +272,32 @@ impl Listener {
                 shutdown: shutdown.clone(),
                 hard: hard.clone(),
             };
-            connections.spawn(async move {
-                // Two phases, so the task stays small for the connection's
-                // life: the handshake's state (PROXY header, ClientHello,
-                // TLS) is boxed and freed once it is done, and what serves
-                // the connection afterwards is one boxed future.
-                if let Some(life) = Box::pin(conn.handshake(stream)).await {
-                    life.await;
+            // The socket leaves this runtime's poller for its worker's.
+            let stream = match stream.into_std() {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, %remote, "handing a connection to a worker failed");
+                    continue;
                 }
-            });
+            };
+            self.workers
+                .spawn_connection(connections.track_future(async move {
+                    let stream = match TcpStream::from_std(stream) {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            tracing::warn!(error = %e, %remote, "taking a connection on a worker failed");
+                            return;
+                        }
+                    };
+                    // Two phases, so the task stays small for the
+                    // connection's life: the handshake's state (PROXY
+                    // header, ClientHello, TLS) is boxed and freed once it
+                    // is done, and what serves the connection afterwards is
+                    // one boxed future.
+                    if let Some(life) = Box::pin(conn.handshake(stream)).await {
+                        life.await;
+                    }
+                }));
         }
         let started = Instant::now();
         drop(self.tcp);

@@ -29,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use crate::config::UpstreamTlsConfig;
 use crate::engine::bridge::{Bridge, BridgeBody};
 use crate::engine::link::{Fields, Link, Route, Side};
+use crate::workers::Spawners;
 
 /// How long dialling a sidecar (TCP and TLS handshakes) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -232,8 +233,11 @@ pub type Outcome = Arc<dyn Fn(bool) + Send + Sync>;
 pub struct Upstream {
     target: Target,
     tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// Slot `i` belongs to worker `i % workers.len()`, which dials and
+    /// drives its connection.
     slots: Box<[Mutex<Option<Arc<Link>>>]>,
     next: AtomicUsize,
+    workers: Spawners,
     connections: Option<prometheus_client::metrics::gauge::Gauge>,
     outcome: std::sync::OnceLock<Outcome>,
     bytes_down: Option<prometheus_client::metrics::counter::Counter>,
@@ -278,10 +282,22 @@ impl Upstream {
             tls,
             slots,
             next: AtomicUsize::new(0),
+            workers: Spawners::default(),
             connections: None,
             outcome: std::sync::OnceLock::new(),
             bytes_down: None,
         })
+    }
+
+    /// Spreads the pool over `workers`: each keeps its share of the
+    /// connections (at least one), dials them and drives them, and the
+    /// streams it opens go on its own (see [`crate::workers`]).
+    #[must_use]
+    pub fn with_workers(mut self, workers: Spawners) -> Self {
+        let n = self.slots.len().max(workers.len());
+        self.slots = (0..n).map(|_| Mutex::new(None)).collect();
+        self.workers = workers;
+        self
     }
 
     /// Counts this pool's open connections in `gauge`.
@@ -318,17 +334,33 @@ impl Upstream {
     /// dialled in its place (the old one serves its open streams and closes
     /// when they are done).
     fn link(&self) -> Arc<Link> {
-        let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
-        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let i = self.slot();
+        let mut held = self.slots[i].lock().unwrap_or_else(|e| e.into_inner());
         if let Some(link) = held.as_ref() {
             if link.is_usable() {
                 return link.clone();
             }
             link.refuse_new();
         }
-        let link = self.dial();
+        let link = self.dial(i);
         *held = Some(link.clone());
         link
+    }
+
+    /// The next slot for the calling thread: one of its own on a worker,
+    /// any of them elsewhere (health checks, the shared runtime).
+    fn slot(&self) -> usize {
+        let next = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.slots.len();
+        match self.workers.current() {
+            Some(w) => {
+                let workers = self.workers.len();
+                // Slots w, w + workers, w + 2·workers, … below n.
+                let own = (n - w).div_ceil(workers);
+                w + workers * (next % own)
+            }
+            None => next % n,
+        }
     }
 
     /// Opens a stream with `fields` answered into `route`, on a pooled
@@ -346,7 +378,7 @@ impl Upstream {
 
     /// Starts a connection: its link at once (streams may be opened on it
     /// while it dials), its task in the background.
-    fn dial(&self) -> Arc<Link> {
+    fn dial(&self, slot: usize) -> Arc<Link> {
         let local = client::local();
         let link = Link::new(
             Side::Client,
@@ -354,7 +386,7 @@ impl Upstream {
             local.preamble(Side::Client),
             spinlink_http2::hpack::Encoder::new(client::ENCODER_TABLE).without_huffman(),
         );
-        tokio::spawn(client::run(client::Dial {
+        let dial = client::run(client::Dial {
             link: link.clone(),
             target: self.target.clone(),
             tls: self.tls.clone(),
@@ -362,7 +394,8 @@ impl Upstream {
             outcome: self.outcome.get().cloned(),
             gauge: self.connections.clone(),
             bytes: self.bytes_down.clone(),
-        }));
+        });
+        self.workers.spawn(slot, dial);
         link
     }
 
@@ -492,5 +525,45 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("unavailable"), "{err}");
+    }
+
+    /// The slots `upstream` picks in eight opens from worker `w`.
+    async fn picked_on(
+        workers: &crate::workers::Workers,
+        upstream: &Arc<Upstream>,
+        w: usize,
+    ) -> std::collections::BTreeSet<usize> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let u = upstream.clone();
+        workers.spawners().spawn(w, async move {
+            let _ = tx.send((0..8).map(|_| u.slot()).collect());
+        });
+        rx.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_worker_opens_streams_on_its_own_connections_only() {
+        let workers = crate::workers::Workers::start(2).unwrap();
+        let target = Target::parse("http://127.0.0.1:1").unwrap();
+        let up = Arc::new(
+            Upstream::new(target.clone(), None, 4)
+                .unwrap()
+                .with_workers(workers.spawners()),
+        );
+        assert_eq!(picked_on(&workers, &up, 0).await, [0, 2].into());
+        assert_eq!(picked_on(&workers, &up, 1).await, [1, 3].into());
+        // Off the workers (health checks): any slot.
+        let anywhere: std::collections::BTreeSet<usize> = (0..8).map(|_| up.slot()).collect();
+        assert_eq!(anywhere, [0, 1, 2, 3].into());
+
+        // Fewer connections than workers: each worker still has its own.
+        let one = Arc::new(
+            Upstream::new(target, None, 1)
+                .unwrap()
+                .with_workers(workers.spawners()),
+        );
+        assert_eq!(one.slots.len(), 2);
+        assert_eq!(picked_on(&workers, &one, 0).await, [0].into());
+        assert_eq!(picked_on(&workers, &one, 1).await, [1].into());
     }
 }

@@ -32,6 +32,7 @@ use crate::config::upstreams::{HealthCheckConfig, UpstreamPoolConfig};
 use crate::route;
 use crate::stats::Stats;
 use crate::stats::metrics::UpstreamLabel;
+use crate::workers::Spawners;
 
 #[derive(Debug)]
 struct Health {
@@ -181,6 +182,7 @@ struct Assignment {
 pub struct UpstreamSet {
     tls: Option<UpstreamTls>,
     connections: usize,
+    workers: Spawners,
     config: UpstreamPoolConfig,
     stats: Arc<Stats>,
     sources: Mutex<Vec<Vec<Target>>>,
@@ -214,6 +216,7 @@ impl UpstreamSet {
         Self {
             tls,
             connections,
+            workers: Spawners::default(),
             config,
             stats,
             sources: Mutex::new(Vec::new()),
@@ -222,6 +225,14 @@ impl UpstreamSet {
             assignments: Mutex::new(HashMap::new()),
             changed: watch::channel(0).0,
         }
+    }
+
+    /// Spreads every instance's pool over `workers` (see
+    /// [`Upstream::with_workers`]).
+    #[must_use]
+    pub fn with_workers(mut self, workers: Spawners) -> Self {
+        self.workers = workers;
+        self
     }
 
     /// The pool settings.
@@ -303,6 +314,7 @@ impl UpstreamSet {
             let label = Self::label(&url);
             let upstream = match Upstream::new(target, self.tls.as_ref(), self.connections) {
                 Ok(u) => u
+                    .with_workers(self.workers.clone())
                     .with_connection_gauge(
                         metrics.upstream_connections.get_or_create(&label).clone(),
                     )
