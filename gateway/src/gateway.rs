@@ -84,7 +84,7 @@ impl Gateway {
             Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
         let ingress = match &config.ingress {
             Some(model) => Some(
-                crate::ingress::Ingress::compile(model)
+                crate::ingress::Ingress::compile_for(model, crate::workers::count(config.workers))
                     .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?,
             ),
             None => None,

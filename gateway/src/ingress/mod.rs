@@ -184,6 +184,12 @@ impl Ingress {
     /// Compiles the model: upstream names resolve, variables are known,
     /// certificates load. Every error names the key.
     pub fn compile(model: &nginx::Ingress) -> Result<Self, CompileError> {
+        Self::compile_for(model, 1)
+    }
+
+    /// [`Ingress::compile`] for a gateway with `workers` worker threads,
+    /// each of which gets its own upstream connections.
+    pub fn compile_for(model: &nginx::Ingress, workers: usize) -> Result<Self, CompileError> {
         if model.servers.is_empty() {
             return Err(err("servers", "at least one server is required"));
         }
@@ -252,6 +258,7 @@ impl Ingress {
                     l,
                     &format!("{key}.locations[{li}]"),
                     &mut pools,
+                    workers,
                 )?);
             }
             servers.push(VServer {
@@ -459,6 +466,7 @@ fn compile_location(
     l: &nginx::Location,
     key: &str,
     pools: &mut HashMap<(String, bool, String), Arc<Pool>>,
+    workers: usize,
 ) -> Result<Route, CompileError> {
     let target = match &l.target {
         None => None,
@@ -514,8 +522,14 @@ fn compile_location(
                     } else {
                         None
                     };
-                    e.insert(Arc::new(Pool::new(&name, &servers, grpc, upstream_tls)))
-                        .clone()
+                    e.insert(Arc::new(Pool::new(
+                        &name,
+                        &servers,
+                        grpc,
+                        upstream_tls,
+                        workers,
+                    )))
+                    .clone()
                 }
             };
             if pool.is_empty() {
@@ -558,6 +572,7 @@ fn compile_location(
             c,
             &format!("{key}.locations[{ci}]"),
             pools,
+            workers,
         )?);
     }
     Ok(Route {

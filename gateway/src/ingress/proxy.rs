@@ -62,7 +62,10 @@ pub struct Pool {
     ring: Vec<SocketAddrOrName>,
     backups: Vec<SocketAddrOrName>,
     next: AtomicUsize,
-    client: UpstreamClient,
+    /// One client (and so one set of kept-alive connections) per worker,
+    /// and the last for any other thread: a request goes out on its
+    /// worker's own connections, as the agent path's streams do.
+    clients: Box<[UpstreamClient]>,
     /// Passive health per distinct server.
     health: HashMap<SocketAddrOrName, Health>,
 }
@@ -149,13 +152,15 @@ impl Health {
 type SocketAddrOrName = String;
 
 impl Pool {
-    /// A pool of `servers`; `h2` speaks HTTP/2 with prior knowledge (h2c),
-    /// or negotiated by ALPN over `tls`.
+    /// A pool of `servers` for a gateway with `workers` worker threads;
+    /// `h2` speaks HTTP/2 with prior knowledge (h2c), or negotiated by ALPN
+    /// over `tls`.
     pub fn new(
         name: &str,
         servers: &[spinlink_nginx_compat::UpstreamServer],
         h2: bool,
         tls: Option<UpstreamTls>,
+        workers: usize,
     ) -> Self {
         let addr = |s: &spinlink_nginx_compat::UpstreamServer| {
             if s.host.contains(':') {
@@ -188,8 +193,10 @@ impl Pool {
         builder
             .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
             .http2_only(h2);
-        let client = match tls {
-            None => UpstreamClient::Plain(builder.build(connector)),
+        let clients = match tls {
+            None => (0..=workers)
+                .map(|_| UpstreamClient::Plain(builder.build(connector.clone())))
+                .collect(),
             Some(tls) => {
                 connector.enforce_http(false);
                 let https = HttpsConnectorBuilder::new()
@@ -201,7 +208,9 @@ impl Pool {
                 } else {
                     https.enable_http1().wrap_connector(connector)
                 };
-                UpstreamClient::Tls(builder.build(https))
+                (0..=workers)
+                    .map(|_| UpstreamClient::Tls(builder.build(https.clone())))
+                    .collect()
             }
         };
         Self {
@@ -209,9 +218,16 @@ impl Pool {
             ring,
             backups,
             next: AtomicUsize::new(0),
-            client,
+            clients,
             health,
         }
+    }
+
+    /// The calling thread's client: its worker's own, or the shared one.
+    fn client(&self) -> &UpstreamClient {
+        let shared = self.clients.len() - 1;
+        let i = crate::workers::current().map_or(shared, |p| p.index.min(shared));
+        &self.clients[i]
     }
 
     /// No server can be tried.
@@ -429,7 +445,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         tracing::warn!(pool = ctx.pool.name, "no live upstreams");
         return error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway");
     }
-    let scheme = ctx.pool.client.scheme();
+    let client = ctx.pool.client();
+    let scheme = client.scheme();
     for addr in order {
         let uri: Uri = match format!("{scheme}://{addr}{path}").parse() {
             Ok(u) => u,
@@ -450,7 +467,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         } else {
             Version::HTTP_11
         };
-        let sent = tokio::time::timeout(ctx.read_timeout, ctx.pool.client.request(up)).await;
+        let sent = tokio::time::timeout(ctx.read_timeout, client.request(up)).await;
         match sent {
             Err(_) => {
                 tracing::info!(upstream = addr, "upstream timed out");
@@ -640,6 +657,7 @@ mod tests {
             ],
             false,
             None,
+            1,
         );
         assert_eq!(pool.ring.len(), 3);
         assert_eq!(pool.order(), ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
@@ -659,7 +677,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn max_fails_within_fail_timeout_marks_a_server_down_for_fail_timeout() {
-        let pool = Pool::new("p", &[server(1, 2), server(2, 2)], false, None);
+        let pool = Pool::new("p", &[server(1, 2), server(2, 2)], false, None, 1);
         fn both(pool: &Pool) -> Vec<&str> {
             let mut o = pool.order();
             o.sort_unstable();
@@ -695,14 +713,35 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_server_or_max_fails_zero_is_never_marked_down() {
-        let lone = Pool::new("p", &[server(1, 1)], false, None);
+        let lone = Pool::new("p", &[server(1, 1)], false, None, 1);
         lone.failed("127.0.0.1:1");
         lone.failed("127.0.0.1:1");
         assert_eq!(lone.order(), ["127.0.0.1:1"]);
-        let zero = Pool::new("p", &[server(1, 0), server(2, 1)], false, None);
+        let zero = Pool::new("p", &[server(1, 0), server(2, 1)], false, None, 1);
         for _ in 0..5 {
             zero.failed("127.0.0.1:1");
         }
         assert!(zero.order().contains(&"127.0.0.1:1"));
+    }
+
+    /// Each worker sends on a client of its own (its own kept-alive
+    /// connections); any other thread on the shared one.
+    #[tokio::test]
+    async fn each_worker_has_its_own_client() {
+        use std::sync::Arc;
+        let workers = crate::workers::Workers::start(2).unwrap();
+        let pool = Arc::new(Pool::new("p", &[server(1, 1)], false, None, 2));
+        assert_eq!(pool.clients.len(), 3);
+        let index_of = |c: &UpstreamClient| pool.clients.iter().position(|x| std::ptr::eq(x, c));
+        assert_eq!(index_of(pool.client()), Some(2));
+        for w in 0..2 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let p = pool.clone();
+            workers.spawners().spawn(w, async move {
+                let c: *const UpstreamClient = p.client();
+                let _ = tx.send(p.clients.iter().position(|x| std::ptr::eq(x, c)));
+            });
+            assert_eq!(rx.await.unwrap(), Some(w));
+        }
     }
 }
