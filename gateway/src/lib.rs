@@ -10,13 +10,13 @@
 //! [`route`] picks, over the pooled HTTP/2 connections of [`upstream`].
 //! [`ingress`] serves Spinnaker's UI/API (and gRPC) routes from an
 //! nginx-style model on the same listener. Each connection lives on one of
-//! the [`workers`], with that worker's own upstream connections. [`admin`] serves the counters of
-//! [`stats`], with `/healthz` and `/readyz`, on the admin port. [`fuzz`]
-//! holds the bodies of the fuzz targets.
+//! the [`workers`], with that worker's own upstream connections. [`admin`]
+//! serves the counters of [`stats`], with `/healthz` and `/readyz`, on the
+//! admin port. [`fuzz`] holds the bodies of the fuzz targets.
 //!
 //! Layers, each naming only those below it: the leaves [`cidr`], [`stats`],
-//! [`limits`], [`reload`], [`route`], [`token`] and [`workers`], and [`config`] (plain
-//! data over [`cidr`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
+//! [`limits`], [`reload`], [`route`], [`token`] and [`workers`], and
+//! [`config`] (plain data over [`cidr`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
 //! and [`upstream`]; [`tunnel`]; [`listener`]; [`admin`]; and the
 //! [`Gateway`] that builds them all (`scripts/module-cycles.py` checks that
 //! no modules name each other in a circle).
