@@ -7,9 +7,9 @@
 //! its own connections to every sidecar (see [`crate::upstream`]), so a
 //! carried stream's two halves — the agent connection's task and the
 //! upstream connection's — wake each other on one thread: no cross-thread
-//! wake-up, no work stealing, no lock another core is spinning on. This is
-//! the model HAProxy and Envoy use; the admin port, reloaders, discovery and
-//! health checks stay on the process's shared runtime.
+//! wake-up, no work stealing, and the link locks between them uncontended.
+//! This is the model HAProxy and Envoy use; the admin port, reloaders,
+//! discovery and health checks stay on the process's shared runtime.
 //!
 //! Dropping [`Workers`] stops the threads; what still runs on them is
 //! dropped with their runtimes.
