@@ -65,6 +65,8 @@ pub struct Checked {
     pub ingress: Option<crate::ingress::Ingress>,
     /// `upstreams[].url`, parsed, in order.
     pub targets: Vec<Target>,
+    /// How many worker threads `workers` asks for (0 read as one per CPU).
+    pub workers: usize,
 }
 
 impl Gateway {
@@ -82,9 +84,10 @@ impl Gateway {
         };
         let policy =
             Policy::compile(&config.policy).map_err(|e| invalid(e.key(), e.to_string()))?;
+        let workers = crate::workers::count(config.workers);
         let ingress = match &config.ingress {
             Some(model) => Some(
-                crate::ingress::Ingress::compile_for(model, crate::workers::count(config.workers))
+                crate::ingress::Ingress::compile_for(model, workers)
                     .map_err(|e| invalid(format!("ingress.{}", e.key), e.message))?,
             ),
             None => None,
@@ -105,6 +108,7 @@ impl Gateway {
             policy,
             ingress,
             targets,
+            workers,
         })
     }
 
@@ -115,6 +119,7 @@ impl Gateway {
             policy,
             ingress,
             targets,
+            workers: count,
         } = Self::check(&config)?;
         let stats = Arc::new(Stats::default());
         let invalid = |key: String, message: String| Error::InvalidConfig {
@@ -150,7 +155,6 @@ impl Gateway {
             .map(UpstreamTls::from_config)
             .transpose()?;
         let pool = &config.upstream_pool;
-        let count = crate::workers::count(config.workers);
         let workers = Workers::start(count).map_err(|source| Error::Workers { count, source })?;
         let upstreams = Arc::new(
             UpstreamSet::new(

@@ -15,8 +15,8 @@
 //! admin port. [`fuzz`] holds the bodies of the fuzz targets.
 //!
 //! Layers, each naming only those below it: the leaves [`cidr`], [`stats`],
-//! [`limits`], [`reload`], [`route`], [`token`] and [`workers`], and
-//! [`config`] (plain data over [`cidr`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
+//! [`limits`], [`reload`], [`route`] and [`token`], [`config`] (plain data
+//! over [`cidr`]) and [`workers`] (over [`limits`]); the [`engine`]; [`tls`], [`identity`], [`ingress`]
 //! and [`upstream`]; [`tunnel`]; [`listener`]; [`admin`]; and the
 //! [`Gateway`] that builds them all (`scripts/module-cycles.py` checks that
 //! no modules name each other in a circle).

@@ -17,10 +17,12 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
+
+use crate::limits::Slots;
 
 /// Which worker of which [`Workers`] the current thread is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,8 +96,6 @@ impl Spawners {
 
 struct Worker {
     handle: Handle,
-    /// Connections the worker serves now.
-    open: Arc<AtomicUsize>,
     /// Dropped (or sent) to stop the thread.
     _stop: oneshot::Sender<()>,
 }
@@ -103,6 +103,8 @@ struct Worker {
 /// The worker threads; see the module docs.
 pub struct Workers {
     workers: Box<[Worker]>,
+    /// Connections each worker serves now, by index (no ceiling).
+    open: Arc<Slots<usize>>,
     spawners: Spawners,
 }
 
@@ -135,13 +137,13 @@ impl Workers {
                 })?;
             workers.push(Worker {
                 handle,
-                open: Arc::new(AtomicUsize::new(0)),
                 _stop: stop,
             });
         }
         let handles: Arc<[Handle]> = workers.iter().map(|w| w.handle.clone()).collect();
         Ok(Self {
             workers: workers.into(),
+            open: Slots::new(usize::MAX),
             spawners: Spawners { set, handles },
         })
     }
@@ -167,40 +169,22 @@ impl Workers {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let worker = self
-            .workers
-            .iter()
-            .min_by_key(|w| w.open.load(Ordering::Relaxed))
+        let index = (0..self.workers.len())
+            .min_by_key(|i| self.open.taken(i))
             .expect("at least one worker");
-        let open = OpenCount::new(worker.open.clone());
-        worker.handle.spawn(async move {
+        let open = self.open.try_take(index).expect("no ceiling");
+        self.workers[index].handle.spawn(async move {
             let _open = open;
             connection.await;
         });
     }
 
     /// How many connections each worker serves now.
-    pub fn open(&self) -> Vec<usize> {
-        self.workers
-            .iter()
-            .map(|w| w.open.load(Ordering::Relaxed))
+    #[cfg(test)]
+    fn open(&self) -> Vec<usize> {
+        (0..self.workers.len())
+            .map(|i| self.open.taken(&i))
             .collect()
-    }
-}
-
-/// One connection counted on its worker until dropped.
-struct OpenCount(Arc<AtomicUsize>);
-
-impl OpenCount {
-    fn new(open: Arc<AtomicUsize>) -> Self {
-        open.fetch_add(1, Ordering::Relaxed);
-        Self(open)
-    }
-}
-
-impl Drop for OpenCount {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
