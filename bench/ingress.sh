@@ -4,8 +4,10 @@
 # http2, `location / { proxy_pass http://app; }`), in front of the same
 # upstream (a second nginx answering `200 ok` from memory), in the same run,
 # loopback only. h2load drives HTTP/1.1 (--h1) and HTTP/2; the sides alternate
-# and each figure is the median of RUNS runs. Prints a Markdown block for
-# bench/RESULTS.md.
+# and each rate is the median of RUNS runs. Each front's CPU time (user +
+# system, from /proc, its worker processes included) over all its runs gives
+# its CPU per request, steadier than the rates on a machine the load shares.
+# Prints a Markdown block for bench/RESULTS.md.
 #
 #   cargo build --release -p spinlink
 #   bench/ingress.sh   # RUNS=5 REQUESTS=20000 CLIENTS=10 STREAMS=10 NGINX_WORKERS=nproc
@@ -109,17 +111,39 @@ rate() { # port h1|h2
     awk '/^finished in/ { gsub(",", "", $4); print $4 }' <<<"$out"
 }
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+# CPU time (user + system, clock ticks) of a process and its children.
+ticks() { # pid
+    local t=0 p
+    for p in "$1" $(pgrep -P "$1" || true); do
+        t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+    done
+    echo "$t"
+}
+declare -A PID_OF=([nginx]="${PIDS[1]}" [gateway]="${PIDS[2]}") PORT_OF=([nginx]="$NGX" [gateway]="$GW")
+# One run of `side`: its rate into R, its CPU ticks into T.
+measure() { # side proto
+    local before after
+    before=$(ticks "${PID_OF[$1]}")
+    R[$1-$2]+="$(rate "${PORT_OF[$1]}" "$2") "
+    after=$(ticks "${PID_OF[$1]}")
+    T[$1-$2]=$(( ${T[$1-$2]:-0} + after - before ))
+}
 
 # Warm-up, then alternate sides.
 rate "$NGX" h2 >/dev/null; rate "$GW" h2 >/dev/null
-declare -A R
+declare -A R T
 for proto in h1 h2; do
-    for side in nginx gateway; do R[$side-$proto]=""; done
+    for side in nginx gateway; do R[$side-$proto]=""; T[$side-$proto]=0; done
     for _ in $(seq "$RUNS"); do
-        R[nginx-$proto]+="$(rate "$NGX" "$proto") "
-        R[gateway-$proto]+="$(rate "$GW" "$proto") "
+        measure nginx "$proto"
+        measure gateway "$proto"
     done
 done
+# µs of CPU per request over all runs of a side.
+per_request() { # side proto
+    awk -v t="${T[$1-$2]}" -v hz="$(getconf CLK_TCK)" -v n="$((REQUESTS * RUNS))" \
+        'BEGIN { printf "%.1f", t / hz * 1e6 / n }'
+}
 
 echo "## Ingress request rate: gateway vs nginx (issue 7)"
 echo
@@ -133,14 +157,16 @@ echo "- load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "- nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), $NGINX_WORKERS workers; gateway: release build, one worker thread per CPU; same nginx config (TLS, http2, proxy_pass to a keepalive upstream)"
 echo "- h2load $(h2load --version | head -1 | awk '{print $2}'): $REQUESTS requests per run, $CLIENTS connections; HTTP/2 with $STREAMS concurrent streams per connection"
 echo
-echo "| protocol | nginx req/s (median) | gateway req/s (median) | gateway / nginx |"
-echo "|---|---|---|---|"
+echo "| protocol | nginx req/s (median) | gateway req/s (median) | gateway / nginx | CPU µs per request, nginx / gateway | gateway CPU / nginx CPU |"
+echo "|---|---|---|---|---|---|"
 for proto in h1 h2; do
     n=$(tr ' ' '\n' <<<"${R[nginx-$proto]}" | grep . | median)
     g=$(tr ' ' '\n' <<<"${R[gateway-$proto]}" | grep . | median)
     ratio=$(awk -v g="$g" -v n="$n" 'BEGIN { printf "%.2f", g / n }')
+    cn=$(per_request nginx "$proto"); cg=$(per_request gateway "$proto")
+    cratio=$(awk -v g="$cg" -v n="$cn" 'BEGIN { printf "%.2f", g / n }')
     label=$([ "$proto" = h1 ] && echo "HTTP/1.1" || echo "HTTP/2")
-    echo "| $label | $n | $g | $ratio |"
+    echo "| $label | $n | $g | $ratio | $cn / $cg | $cratio |"
 done
 echo
 for proto in h1 h2; do

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
@@ -358,25 +359,62 @@ fn upstream_path(ctx: &Ctx<'_>, uri: &Uri) -> String {
 pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body> {
     let upgrade = is_upgrade(req.version(), req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let path = upstream_path(&ctx, &parts.uri);
     let client_cert = ctx.conn.client_cert_escaped.clone();
     let verify = ctx.conn.verify.as_nginx();
+    let scheme = if ctx.conn.tls_server.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let vars = Vars {
         host: ctx.host,
         remote: ctx.conn.remote,
-        scheme: if ctx.conn.tls_server.is_some() {
-            "https"
-        } else {
-            "http"
-        },
+        scheme,
         server_name: ctx.server_name,
         server_port: ctx.conn.local_port,
         req: &parts,
         client_cert_escaped: &client_cert,
         client_verify: &verify,
     };
-    let mut headers = parts.headers.clone();
+    // Everything the request's own fields fill in is worked out first, so
+    // its header map can then be taken over rather than copied.
+    // The gateway always tells the upstream who asked (nginx only when
+    // configured); a location's own setting below wins, so a default it
+    // replaces is not worked out at all.
+    let location_sets = |name: &str| ctx.headers.iter().any(|(n, _)| n.as_str() == name);
+    let forwarded = [
+        (
+            "x-forwarded-for",
+            (!location_sets("x-forwarded-for"))
+                .then(|| HeaderValue::from_str(&super::vars::forwarded_for(&vars)).ok())
+                .flatten(),
+        ),
+        (
+            "x-forwarded-proto",
+            (!location_sets("x-forwarded-proto")).then(|| HeaderValue::from_static(scheme)),
+        ),
+        (
+            "x-forwarded-host",
+            (!location_sets("x-forwarded-host"))
+                .then(|| HeaderValue::from_str(ctx.host).ok())
+                .flatten(),
+        ),
+    ];
+    let set: Vec<(&HeaderName, String)> = ctx
+        .headers
+        .iter()
+        .map(|(name, template)| {
+            let value = template
+                .as_ref()
+                .map(|t| t.expand(&vars))
+                .unwrap_or_default();
+            (name, value)
+        })
+        .collect();
+    let content_length = parts.headers.contains_key(header::CONTENT_LENGTH);
+    let mut headers = std::mem::take(&mut parts.headers);
     for h in &HOP {
         // gRPC needs `te: trailers`; an upgrade keeps its `Upgrade`.
         let keep = (h == header::TE && ctx.grpc) || (h == header::UPGRADE && upgrade);
@@ -385,25 +423,15 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         }
     }
     headers.remove(header::HOST);
-    // The gateway always tells the upstream who asked (nginx only when
-    // configured); a location's own setting below wins.
-    for (name, value) in [
-        ("x-forwarded-for", super::vars::forwarded_for(&vars)),
-        ("x-forwarded-proto", vars.scheme.to_owned()),
-        ("x-forwarded-host", ctx.host.to_owned()),
-    ] {
-        if let Ok(v) = HeaderValue::from_str(&value) {
+    for (name, value) in forwarded {
+        if let Some(v) = value {
             headers.insert(HeaderName::from_static(name), v);
         }
     }
     // nginx's default `Host: $proxy_host`, unless the location sets it.
     let mut host = Some(ctx.pool.name.clone());
-    for (name, template) in ctx.headers {
+    for (name, value) in set {
         headers.remove(name);
-        let value = template
-            .as_ref()
-            .map(|t| t.expand(&vars))
-            .unwrap_or_default();
         if name == header::HOST {
             host = (!value.is_empty()).then_some(value);
             continue;
@@ -429,7 +457,6 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     }
 
     let has_body = !body.is_end_stream();
-    let content_length = parts.headers.contains_key(header::CONTENT_LENGTH);
     let mut body = Some(match ctx.max_body {
         Some(max) if !content_length => Limited {
             inner: body,
@@ -447,10 +474,18 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     }
     let client = ctx.pool.client();
     let scheme = client.scheme();
-    for addr in order {
-        let uri: Uri = match format!("{scheme}://{addr}{path}").parse() {
-            Ok(u) => u,
-            Err(_) => return error_page(StatusCode::BAD_REQUEST, "400 Bad Request"),
+    let Ok(path) = PathAndQuery::from_maybe_shared(path) else {
+        return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
+    };
+    let attempts = order.len();
+    for (attempt, addr) in order.into_iter().enumerate() {
+        let uri = Uri::builder()
+            .scheme(scheme)
+            .authority(addr)
+            .path_and_query(path.clone())
+            .build();
+        let Ok(uri) = uri else {
+            return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
         };
         let b = match body.take() {
             Some(b) => b,
@@ -461,7 +496,13 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         let mut up = Request::new(b);
         *up.method_mut() = parts.method.clone();
         *up.uri_mut() = uri;
-        *up.headers_mut() = headers.clone();
+        // Only a request without a body is tried again (below); the last
+        // or only try takes the headers.
+        *up.headers_mut() = if attempt + 1 < attempts && !has_body {
+            headers.clone()
+        } else {
+            std::mem::take(&mut headers)
+        };
         *up.version_mut() = if ctx.grpc {
             Version::HTTP_2
         } else {

@@ -243,6 +243,19 @@ async fn http1(
     )
 }
 
+/// The `X-Forwarded-*` headers the gateway adds by default, as the head echo
+/// shows them for a plain request to `app.test` that came with
+/// `X-Forwarded-For: 198.51.100.1`.
+fn assert_forwarded_defaults(body: &str) {
+    for line in [
+        "x-forwarded-for: 198.51.100.1, 127.0.0.1\n",
+        "x-forwarded-proto: http\n",
+        "x-forwarded-host: app.test\n",
+    ] {
+        assert!(body.contains(line), "{line:?} missing: {body}");
+    }
+}
+
 /// A plain-HTTP ingress on a real gateway next to a configured tunnel: headers
 /// set, removed and added, the URI rewritten, the body limit, and tunnel paths
 /// refused without a verified agent identity.
@@ -285,12 +298,7 @@ server {{
     assert!(body.contains("host: app.test\n"), "{body}");
     assert!(!body.contains("x-drop"), "{body}");
     assert!(body.contains("x-path: GET /api/apps?x=1\n"), "{body}");
-    assert!(
-        body.contains("x-forwarded-for: 198.51.100.1, 127.0.0.1\n"),
-        "{body}"
-    );
-    assert!(body.contains("x-forwarded-proto: http\n"), "{body}");
-    assert!(body.contains("x-forwarded-host: app.test\n"), "{body}");
+    assert_forwarded_defaults(&body);
 
     let req = Request::post("/api/upload")
         .header("host", "app.test")
@@ -319,6 +327,147 @@ server {{
     );
 
     running.stop().await;
+}
+
+/// Two servers in an upstream block, the first refusing connections: every
+/// request without a body still reaches the second with all its headers
+/// (the headers a try takes are kept for the next one), and a location's own
+/// `X-Forwarded-*` lines replace the gateway's defaults instead of joining them.
+#[tokio::test]
+async fn a_refused_try_goes_to_the_next_server_with_the_same_headers() {
+    let upstream = head_echo().await;
+    let dead = free_port();
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream app {{ server 127.0.0.1:{dead} max_fails=0; server {upstream} max_fails=0; }}
+server {{
+    listen 127.0.0.1:{port};
+    server_name app.test;
+    location / {{ proxy_pass http://app; proxy_set_header X-Path "$request_method $uri"; }}
+    location /own/ {{
+        proxy_pass http://app;
+        proxy_set_header X-Forwarded-Proto "custom-$scheme";
+        proxy_set_header X-Forwarded-Host "";
+    }}
+}}
+}}"#
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let running = Running::start(config).await;
+
+    // Round robin: of four requests, two try the refusing server first.
+    for i in 0..4 {
+        let req = Request::get(format!("/r{i}"))
+            .header("host", "app.test")
+            .header("x-forwarded-for", "198.51.100.1")
+            .header("x-client", format!("c{i}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, body) = http1(running.addr, req).await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {body}");
+        assert!(body.starts_with(&format!("GET /r{i}\n")), "{body}");
+        assert!(body.contains(&format!("x-client: c{i}\n")), "{body}");
+        assert!(body.contains(&format!("x-path: GET /r{i}\n")), "{body}");
+        assert!(body.contains("host: app\n"), "{body}");
+        assert_forwarded_defaults(&body);
+    }
+
+    let req = Request::get("/own/x")
+        .header("host", "app.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = http1(running.addr, req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body.matches("x-forwarded-proto: ").count(),
+        1,
+        "one X-Forwarded-Proto: {body}"
+    );
+    assert!(body.contains("x-forwarded-proto: custom-http\n"), "{body}");
+    assert!(!body.contains("x-forwarded-host"), "{body}");
+    assert!(body.contains("x-forwarded-for: 127.0.0.1\n"), "{body}");
+
+    running.stop().await;
+}
+
+/// `listener.idleTimeoutSeconds` on an ingress connection: closed once it
+/// has gone that long without a request, counted as an idle refusal; a
+/// connection that keeps sending requests stays open past it.
+#[tokio::test]
+async fn an_ingress_connection_without_requests_is_closed_after_the_idle_timeout() {
+    use tokio::io::AsyncReadExt;
+
+    let upstream = head_echo().await;
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream app {{ server {upstream}; }}
+server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
+}}"#
+    );
+    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
+    let mut yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    yaml.push_str("listener:\n  idleTimeoutSeconds: 1\n");
+    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let gateway = crate::Gateway::bind(config).await.unwrap();
+    let addr = gateway.local_addr();
+    let stats = gateway.stats();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(gateway.run(shutdown.clone()));
+    let idle_refusals = || stats.metrics().refusals(crate::stats::Refusal::Idle);
+
+    // Busy: a request every 300 ms for 2 s, on one kept-alive connection.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    for _ in 0..7 {
+        let req = Request::get("/")
+            .header("host", "app.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send.send_request(req).await.expect("connection still open");
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    assert_eq!(idle_refusals(), 0);
+
+    // Quiet: closed about a second after its last request.
+    let started = std::time::Instant::now();
+    tokio::time::timeout(std::time::Duration::from_secs(5), conn)
+        .await
+        .expect("closed by the gateway")
+        .unwrap()
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(500),
+        "closed {waited:?} after the last request"
+    );
+    assert_eq!(idle_refusals(), 1);
+
+    // A connection that never sends anything goes the same way.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), silent.read(&mut buf))
+        .await
+        .expect("closed by the gateway");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert_eq!(idle_refusals(), 2);
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("drains")
+        .unwrap()
+        .unwrap();
 }
 
 #[test]

@@ -126,29 +126,41 @@ impl Template {
 }
 
 fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
-    let header = |name: &str| -> Vec<&str> {
-        v.req
-            .headers
-            .get_all(name)
-            .iter()
-            .filter_map(|h| h.to_str().ok())
-            .collect()
+    use std::fmt::Write as _;
+    // Written straight into `out`: no string per value, no list per header.
+    // How many values it wrote (an empty one counts).
+    let header = |name: &str, sep: &str, out: &mut String| -> usize {
+        let values = v.req.headers.get_all(name).iter();
+        let mut n = 0;
+        for value in values.filter_map(|h| h.to_str().ok()) {
+            if n > 0 {
+                out.push_str(sep);
+            }
+            out.push_str(value);
+            n += 1;
+        }
+        n
     };
     match var {
         Var::Host => out.push_str(v.host),
-        Var::RemoteAddr => out.push_str(&v.remote.ip().to_string()),
-        Var::RemotePort => out.push_str(&v.remote.port().to_string()),
+        Var::RemoteAddr => {
+            let _ = write!(out, "{}", v.remote.ip());
+        }
+        Var::RemotePort => {
+            let _ = write!(out, "{}", v.remote.port());
+        }
         Var::ProxyAddXForwardedFor => {
             // nginx joins several incoming X-Forwarded-For lines with ", ".
-            for h in header("x-forwarded-for") {
-                out.push_str(h);
+            if header("x-forwarded-for", ", ", out) > 0 {
                 out.push_str(", ");
             }
-            out.push_str(&v.remote.ip().to_string());
+            let _ = write!(out, "{}", v.remote.ip());
         }
         Var::Scheme => out.push_str(v.scheme),
         Var::ServerName => out.push_str(v.server_name),
-        Var::ServerPort => out.push_str(&v.server_port.to_string()),
+        Var::ServerPort => {
+            let _ = write!(out, "{}", v.server_port);
+        }
         Var::RequestUri => out.push_str(v.req.uri.path_and_query().map_or("/", |p| p.as_str())),
         Var::Uri => out.push_str(v.req.uri.path()),
         Var::Args => out.push_str(v.req.uri.query().unwrap_or("")),
@@ -158,7 +170,7 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
         Var::Http(name) => {
             // nginx joins repeated headers with ", " (cookies with "; ").
             let sep = if name == "cookie" { "; " } else { ", " };
-            out.push_str(&header(name).join(sep));
+            header(name, sep, out);
         }
     }
 }

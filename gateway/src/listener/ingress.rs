@@ -19,13 +19,10 @@ use spinlink_tls::binding::connection_binding;
 use spinlink_tls::identity::identity_from_cert;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::{
-    ActiveStream, Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, GuardedBody,
-    Prefixed, idle,
-};
+use super::activity::{Activity, GuardedBody};
+use super::{Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Prefixed};
 use crate::ingress::tls::ClientVerify;
 use crate::ingress::{ConnInfo, Ingress};
 use crate::stats::Refusal;
@@ -145,15 +142,15 @@ impl Connection {
         let peer = peer.map(Arc::new);
         let shared = self.shared.clone();
         let tunnel_served = !shared.upstreams.is_empty();
-        let (active, active_rx) = watch::channel(0usize);
-        let active = Arc::new(active);
+        let activity = Activity::new();
+        let streams = activity.clone();
         let service =
             hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let ingress = ingress.clone();
                 let conn = conn.clone();
                 let peer = peer.clone();
                 let shared = shared.clone();
-                let guard = ActiveStream::new(active.clone());
+                let guard = streams.open();
                 async move {
                     let to_tunnel = tunnel_served
                         && req.uri().path().starts_with(TUNNEL_PREFIX)
@@ -197,7 +194,7 @@ impl Connection {
                 }
                 None
             }
-            () = idle(active_rx, self.settings.idle_timeout) => {
+            () = activity.idle(self.settings.idle_timeout) => {
                 self.shared.stats.refuse(Refusal::Idle);
                 None
             }

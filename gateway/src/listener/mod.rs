@@ -34,6 +34,7 @@
 //! and every connection gets `Reconnect{draining}` and GOAWAY (in-flight
 //! streams go on) and is closed when the grace period ends.
 
+mod activity;
 pub mod ingress;
 pub mod limits;
 pub mod log_summary;
@@ -49,7 +50,6 @@ use spinlink_tls::binding::{ConnectionBinding, connection_binding};
 use spinlink_tls::identity::{IdentitySource, identity_from_cert};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -718,66 +718,6 @@ impl Connection {
             self.hard.clone(),
         );
         Box::pin(Holding::new(serve, held))
-    }
-}
-
-/// Resolves once the connection has had no open stream for `timeout`.
-async fn idle(mut active: watch::Receiver<usize>, timeout: Duration) {
-    loop {
-        let gone = active.wait_for(|n| *n == 0).await.is_err();
-        if gone {
-            return std::future::pending().await;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(timeout) => return,
-            busy = async { active.wait_for(|n| *n > 0).await.is_err() } => {
-                if busy {
-                    return std::future::pending().await;
-                }
-            }
-        }
-    }
-}
-
-/// One open stream of a connection; dropping it closes it.
-struct ActiveStream(Arc<watch::Sender<usize>>);
-
-impl ActiveStream {
-    fn new(active: Arc<watch::Sender<usize>>) -> Self {
-        active.send_modify(|n| *n += 1);
-        Self(active)
-    }
-}
-
-impl Drop for ActiveStream {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-/// A response body that keeps its stream counted as open.
-struct GuardedBody {
-    inner: tonic::body::Body,
-    _guard: ActiveStream,
-}
-
-impl http_body::Body for GuardedBody {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
