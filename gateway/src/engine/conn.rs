@@ -30,6 +30,9 @@ use crate::stats::Glitch;
 const READ_BUDGET: usize = 256 * 1024;
 /// Size of each worker thread's read buffer: what one read may take.
 const READ_SCRATCH: usize = 64 * 1024;
+/// Room below which the read buffer is renewed: a whole frame of the largest
+/// size fits in what is left.
+const READ_MIN: usize = frame::HEAD_LEN + frame::DEFAULT_MAX_FRAME_SIZE as usize;
 
 thread_local! {
     /// The buffer every connection polled on this thread reads into. A
@@ -988,10 +991,14 @@ where
     /// partial frame, handles the complete frames, and keeps the rest.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let mut buf = SCRATCH.take();
-        if buf.capacity() < READ_SCRATCH {
-            buf = BytesMut::with_capacity(READ_SCRATCH);
-        }
         buf.clear();
+        // Frames handed on keep their part of the buffer; reads go on in
+        // the rest until it runs short. Renewing it takes the allocation
+        // back when everything handed on has been dropped, and allocates
+        // only when some of it is still held.
+        if buf.capacity() < READ_MIN {
+            buf.reserve(READ_SCRATCH);
+        }
         buf.extend_from_slice(&self.rbuf);
         self.rbuf.clear();
         let polled = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut buf);
@@ -1031,7 +1038,7 @@ where
                 }
                 self.wbuf.advance(n);
             }
-            self.wbuf = BytesMut::new();
+            super::link::recycle(std::mem::take(&mut self.wbuf));
         }
     }
 

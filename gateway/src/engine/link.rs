@@ -212,6 +212,42 @@ impl std::fmt::Debug for Link {
 
 /// What a write buffer starts with.
 const WRITE_CHUNK: usize = 8 * 1024;
+/// Largest written buffer kept for the next one.
+const SPARE_MAX: usize = 64 * 1024;
+/// Written buffers one thread keeps (a worker writes to its agent
+/// connections and to its upstream connections in the same turn).
+const SPARES: usize = 8;
+
+thread_local! {
+    /// Written-out buffers, emptied, for the next links on this thread that
+    /// start one: a connection writing in bursts reuses an allocation
+    /// instead of making one per burst, and a quiet connection still holds
+    /// none.
+    static SPARE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer [`recycle`] kept on this thread, if any.
+fn spare() -> Option<BytesMut> {
+    SPARE.with_borrow_mut(Vec::pop)
+}
+
+/// Keeps `buf`, once written, for the next write buffer started on this
+/// thread (when it is not too large and nothing else holds part of it).
+pub fn recycle(mut buf: BytesMut) {
+    buf.clear();
+    if buf.capacity() < WRITE_CHUNK {
+        // Written bytes are skipped, not freed: this takes them back (in
+        // place when nothing else holds part of the allocation).
+        buf.reserve(WRITE_CHUNK);
+    }
+    if (WRITE_CHUNK..=SPARE_MAX).contains(&buf.capacity()) {
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARES {
+                spare.push(buf);
+            }
+        });
+    }
+}
 
 /// Largest client stream id before the connection must be replaced.
 const LAST_CLIENT_ID: u32 = frame::MAX_WINDOW - 1;
@@ -450,6 +486,11 @@ impl Out {
     /// The write buffer with room for `n` more bytes. A fresh buffer starts
     /// at [`WRITE_CHUNK`] rather than growing from nothing frame by frame.
     fn room(&mut self, n: usize) -> &mut BytesMut {
+        if self.buf.capacity() == 0
+            && let Some(spare) = spare()
+        {
+            self.buf = spare;
+        }
         if self.buf.capacity() - self.buf.len() < n {
             self.buf.reserve(n.max(WRITE_CHUNK));
         }

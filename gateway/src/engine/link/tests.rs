@@ -356,3 +356,66 @@ fn sinks_wake_the_task_once_per_poll() {
     link.data(1, b"c", false);
     assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// A buffer written to the end, as a connection's writer leaves it.
+fn written(capacity: usize, len: usize) -> BytesMut {
+    use bytes::Buf as _;
+    let mut buf = BytesMut::with_capacity(capacity);
+    buf.extend_from_slice(&vec![7; len]);
+    buf.advance(len);
+    buf
+}
+
+#[test]
+fn a_written_buffer_is_reused_in_place_by_the_next_one_started_on_its_thread() {
+    std::thread::spawn(|| {
+        let buf = written(WRITE_CHUNK, 500);
+        let start = buf.as_ptr() as usize - 500;
+        recycle(buf);
+        let kept = spare().expect("kept");
+        assert!(kept.is_empty());
+        assert!(kept.capacity() >= WRITE_CHUNK);
+        assert_eq!(
+            kept.as_ptr() as usize,
+            start,
+            "the same allocation, from its start"
+        );
+        assert!(spare().is_none(), "handed out once");
+        // Other threads keep their own.
+        recycle(written(WRITE_CHUNK, 10));
+        std::thread::spawn(|| assert!(spare().is_none()))
+            .join()
+            .unwrap();
+        assert!(spare().is_some());
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_buffer_still_shared_or_too_large_is_not_reused_in_place() {
+    std::thread::spawn(|| {
+        // Part of it handed on and still held: the spare is another
+        // allocation, and the held bytes stay as they were.
+        let mut buf = BytesMut::with_capacity(WRITE_CHUNK);
+        buf.extend_from_slice(b"held elsewhere");
+        let held = buf.split().freeze();
+        recycle(buf);
+        let mut kept = spare().expect("kept");
+        kept.extend_from_slice(&[0; 64]);
+        assert_eq!(&held[..], b"held elsewhere");
+        assert_ne!(kept.as_ptr(), held.as_ptr());
+
+        // A buffer grown past the bound is freed, not kept.
+        recycle(written(SPARE_MAX * 2, 100));
+        assert!(spare().is_none());
+
+        // At most SPARES are kept.
+        for _ in 0..SPARES + 3 {
+            recycle(written(WRITE_CHUNK, 1));
+        }
+        assert_eq!(std::iter::from_fn(spare).count(), SPARES);
+    })
+    .join()
+    .unwrap();
+}
