@@ -226,13 +226,19 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     // spend, whatever the load generator and backend take of the machine.
     let mut bidi_cpu: Res = BTreeMap::new();
     let mut unary_cpu: Res = BTreeMap::new();
+    let mut bidi_sys: Res = BTreeMap::new();
+    let mut unary_sys: Res = BTreeMap::new();
     // CPU time is sampled at the edges of the measured window only, so the
-    // connects and the warm-up are not charged to the counted messages.
-    let cpu_per = |t: &Target, m: &mut Res, v: anyhow::Result<(f64, f64)>| {
+    // connects and the warm-up are not charged to the counted messages;
+    // system calls are counted over the window's 100 ms intervals.
+    let cpu_per = |t: &Target, m: &mut Res, sys: &mut Res, v: anyhow::Result<(f64, Used)>| {
         v.map(|(rate, used)| {
             let messages = rate * opts.seconds;
             if t.pid.is_some() && messages > 0.0 {
-                m.entry(t.name).or_default().push(used / messages * 1e6);
+                m.entry(t.name).or_default().push(used.cpu / messages * 1e6);
+                if let Some(per_second) = used.syscalls {
+                    sys.entry(t.name).or_default().push(per_second / rate);
+                }
             }
             rate
         })
@@ -246,7 +252,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             msg.clone(),
             secs,
         ));
-        let v = cpu_per(t, &mut bidi_cpu, v);
+        let v = cpu_per(t, &mut bidi_cpu, &mut bidi_sys, v);
         record(&mut bidi, t.name, v, "bidi");
     });
     each(&mut |t| {
@@ -258,7 +264,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
             msg.clone(),
             secs,
         ));
-        let v = cpu_per(t, &mut unary_cpu, v);
+        let v = cpu_per(t, &mut unary_cpu, &mut unary_sys, v);
         record(&mut unary, t.name, v, "unary");
     });
     each(
@@ -279,8 +285,8 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let med = |m: &Res, name: &str| m.get(name).map(|v| median(v));
     let direct_p99 = med(&p99, "direct");
     r.line(String::new());
-    r.line("| target | bidi msg/s | unary req/s (32 in flight) | front's CPU µs per bidi msg / unary req | unary p50 / p99, 1 in flight (ms) | p99 added over direct (ms) | new mTLS conns/s | RSS per idle conn + stream (KiB) | upstream conns for 2,000 streams |");
-    r.line("|---|---|---|---|---|---|---|---|---|");
+    r.line("| target | bidi msg/s | unary req/s (32 in flight) | front's CPU µs per bidi msg / unary req | front's syscalls per bidi msg / unary req | unary p50 / p99, 1 in flight (ms) | p99 added over direct (ms) | new mTLS conns/s | RSS per idle conn + stream (KiB) | upstream conns for 2,000 streams |");
+    r.line("|---|---|---|---|---|---|---|---|---|---|");
     for t in &targets {
         let f0 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.0}"));
         let f2 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
@@ -294,12 +300,14 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
         };
         let f1 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.1}"));
         r.line(format!(
-            "| {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {} | {} | {} |",
             t.name,
             f0(med(&bidi, t.name)),
             f0(med(&unary, t.name)),
             f1(med(&bidi_cpu, t.name)),
             f1(med(&unary_cpu, t.name)),
+            f1(med(&bidi_sys, t.name)),
+            f1(med(&unary_sys, t.name)),
             f2(med(&p50, t.name)),
             f2(med(&p99, t.name)),
             added,
@@ -430,7 +438,7 @@ async fn bidi_rate(
     streams: usize,
     msg: Bytes,
     secs: Duration,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, Used)> {
     let cs = connect_all(d, conns).await?;
     let start = Instant::now() + Duration::from_secs(1);
     let end = start + secs;
@@ -460,13 +468,35 @@ async fn bidi_rate(
     Ok((rate, cpu.await?))
 }
 
-/// The CPU seconds `pids` use between `start` and `end`.
-fn cpu_between(pids: Vec<u32>, start: Instant, end: Instant) -> tokio::task::JoinHandle<f64> {
+/// What a front used while its messages were counted.
+#[derive(Debug, Clone, Copy)]
+struct Used {
+    /// CPU seconds (user and system).
+    cpu: f64,
+    /// System calls per second, when `perf` could count them.
+    syscalls: Option<f64>,
+}
+
+/// What `pids` use between `start` and `end`.
+fn cpu_between(pids: Vec<u32>, start: Instant, end: Instant) -> tokio::task::JoinHandle<Used> {
     tokio::spawn(async move {
+        // Started early enough to be attached when the window opens.
+        tokio::time::sleep_until(
+            start
+                .checked_sub(Duration::from_millis(500))
+                .unwrap_or(start)
+                .into(),
+        )
+        .await;
+        let counter = crate::syscalls::Counter::start(&pids);
         tokio::time::sleep_until(start.into()).await;
         let before = peers::cpu_seconds(&pids);
         tokio::time::sleep_until(end.into()).await;
-        peers::cpu_seconds(&pids) - before
+        let cpu = peers::cpu_seconds(&pids) - before;
+        // The last interval ending inside the window is written just after it.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let syscalls = counter.and_then(|c| c.stop(start, end));
+        Used { cpu, syscalls }
     })
 }
 
@@ -494,7 +524,7 @@ async fn unary_rate(
     inflight: usize,
     msg: Bytes,
     secs: Duration,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, Used)> {
     let cs = connect_all(d, conns).await?;
     let start = Instant::now() + Duration::from_secs(1);
     let end = start + secs;

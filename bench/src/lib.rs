@@ -34,3 +34,4 @@ pub mod report;
 pub mod selector_latency;
 pub mod spread;
 pub mod stats;
+pub mod syscalls;
