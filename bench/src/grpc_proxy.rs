@@ -493,8 +493,8 @@ fn cpu_between(pids: Vec<u32>, start: Instant, end: Instant) -> tokio::task::Joi
         let before = peers::cpu_seconds(&pids);
         tokio::time::sleep_until(end.into()).await;
         let cpu = peers::cpu_seconds(&pids) - before;
-        // The last interval ending inside the window is written just after it.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Every interval that ended inside the window is in perf's output,
+        // which it flushes when told to stop.
         let syscalls = counter.and_then(|c| c.stop(start, end));
         Used { cpu, syscalls }
     })

@@ -361,7 +361,6 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let path = upstream_path(&ctx, &parts.uri);
-    let client_cert = ctx.conn.client_cert_escaped.clone();
     let verify = ctx.conn.verify.as_nginx();
     let scheme = if ctx.conn.tls_server.is_some() {
         "https"
@@ -375,7 +374,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         server_name: ctx.server_name,
         server_port: ctx.conn.local_port,
         req: &parts,
-        client_cert_escaped: &client_cert,
+        client_cert_escaped: &ctx.conn.client_cert_escaped,
         client_verify: &verify,
     };
     // Everything the request's own fields fill in is worked out first, so

@@ -243,6 +243,15 @@ async fn http1(
     )
 }
 
+/// The gateway configuration `spinlink gateway --nginx-config` makes of
+/// `nginx` (conf prefix `/etc/nginx`), with `extra` YAML appended.
+fn config_from_nginx(nginx: &str, extra: &str) -> crate::Config {
+    let parsed = parse_str(nginx, "t.conf", &Options::new()).unwrap();
+    let yaml =
+        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
+    crate::Config::from_yaml_str(&format!("{yaml}{extra}"), "t").unwrap()
+}
+
 /// The `X-Forwarded-*` headers the gateway adds by default, as the head echo
 /// shows them for a plain request to `app.test` that came with
 /// `X-Forwarded-For: 198.51.100.1`.
@@ -276,12 +285,11 @@ server {{
 }}
 }}"#
     );
-    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
-    let mut yaml =
-        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
     // A tunnel upstream too: `/spinlink.v1.` paths are then the tunnel's.
-    yaml.push_str("upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\n");
-    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let config = config_from_nginx(
+        &nginx,
+        "upstreams:\n  - url: http://127.0.0.1:9\nshutdownGraceSeconds: 1\n",
+    );
     let running = Running::start(config).await;
     let addr = running.addr;
 
@@ -333,6 +341,14 @@ server {{
 /// request without a body still reaches the second with all its headers
 /// (the headers a try takes are kept for the next one), and a location's own
 /// `X-Forwarded-*` lines replace the gateway's defaults instead of joining them.
+///
+/// The nginx behaviour expected here is nginx's source
+/// (`src/http/modules/ngx_http_proxy_module.c`): `Host: $proxy_host`, the
+/// upstream block's name, is in its default `ngx_http_proxy_headers`, and
+/// `$proxy_add_x_forwarded_for` is the incoming `X-Forwarded-For` values, ", ",
+/// then the client address (`ngx_http_proxy_add_x_forwarded_for_variable`).
+/// The `X-Forwarded-Proto`/`-Host` defaults are the gateway's own
+/// (docs/ingress.md), not nginx's.
 #[tokio::test]
 async fn a_refused_try_goes_to_the_next_server_with_the_same_headers() {
     let upstream = head_echo().await;
@@ -353,11 +369,7 @@ server {{
 }}
 }}"#
     );
-    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
-    let yaml =
-        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
-    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
-    let running = Running::start(config).await;
+    let running = Running::start(config_from_nginx(&nginx, "")).await;
 
     // Round robin: of four requests, two try the refusing server first.
     for i in 0..4 {
@@ -409,11 +421,7 @@ upstream app {{ server {upstream}; }}
 server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
 }}"#
     );
-    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
-    let mut yaml =
-        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
-    yaml.push_str("listener:\n  idleTimeoutSeconds: 1\n");
-    let config = crate::Config::from_yaml_str(&yaml, "t").unwrap();
+    let config = config_from_nginx(&nginx, "listener:\n  idleTimeoutSeconds: 1\n");
     let gateway = crate::Gateway::bind(config).await.unwrap();
     let addr = gateway.local_addr();
     let stats = gateway.stats();
@@ -696,12 +704,7 @@ server {{
         cert = cert.display(),
         key = key.display(),
     );
-    let parsed = parse_str(&nginx, "t.conf", &Options::new()).unwrap();
-    let yaml =
-        from_nginx::config_yaml(&parsed.ingress, std::path::Path::new("/etc/nginx")).unwrap();
-    let config =
-        crate::Config::from_yaml_str(&format!("{yaml}shutdownGraceSeconds: 1\n"), "t").unwrap();
-    let running = Running::start(config).await;
+    let running = Running::start(config_from_nginx(&nginx, "shutdownGraceSeconds: 1\n")).await;
     let addr = running.addr;
 
     let get = |path: &str| {
