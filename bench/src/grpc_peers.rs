@@ -27,7 +27,17 @@ pub fn free_port() -> anyhow::Result<SocketAddr> {
 
 /// Waits until `addr` accepts a TCP connection.
 pub fn wait_port(addr: SocketAddr, what: &str, log: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + START_WAIT;
+    wait_port_for(addr, what, log, START_WAIT)
+}
+
+/// Waits up to `wait` until `addr` accepts a TCP connection.
+pub fn wait_port_for(
+    addr: SocketAddr,
+    what: &str,
+    log: &Path,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + wait;
     while Instant::now() < deadline {
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return Ok(());
@@ -367,6 +377,23 @@ impl Front {
         echo: SocketAddr,
         gateway: &dyn Fn(SocketAddr) -> String,
     ) -> anyhow::Result<Front> {
+        Self::start_under(kind, bin, pki, dir, echo, gateway, &[], START_WAIT)
+    }
+
+    /// [`Front::start`], the front run by the command `under` (a program and
+    /// its arguments, the front's command line appended; none runs it
+    /// directly), given `wait` to open its port.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_under(
+        kind: Kind,
+        bin: &Path,
+        pki: &DevPki,
+        dir: &Path,
+        echo: SocketAddr,
+        gateway: &dyn Fn(SocketAddr) -> String,
+        under: &[String],
+        wait: Duration,
+    ) -> anyhow::Result<Front> {
         let listen = free_port()?;
         let name = kind.name();
         let cfg = dir.join(match kind {
@@ -414,7 +441,18 @@ impl Front {
             ),
         };
         std::fs::write(&cfg, text)?;
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (program, args): (&Path, Vec<&str>) = match under.split_first() {
+            None => (bin, args.iter().map(String::as_str).collect()),
+            Some((program, first)) => (
+                Path::new(program),
+                first
+                    .iter()
+                    .map(String::as_str)
+                    .chain([path(bin)?])
+                    .chain(args.iter().map(String::as_str))
+                    .collect(),
+            ),
+        };
         // No front keeps an access log (nginx: `access_log off`; HAProxy and
         // Envoy log no requests unless told to): the gateway's, one line
         // per carried stream, is turned off the same way.
@@ -422,10 +460,10 @@ impl Front {
             Kind::Gateway => &[("SPINLINK_LOG", "info,spinlink_gateway::access=off")],
             _ => &[],
         };
-        let mut proc = PeerProc::start(bin, &args, env, &log)?;
+        let mut proc = PeerProc::start(program, &args, env, &log)?;
         // The gateway's drain on SIGTERM would only slow the bench down.
         proc.sigkill = kind == Kind::Gateway;
-        wait_port(listen, name, &log)?;
+        wait_port_for(listen, name, &log, wait)?;
         Ok(Front {
             kind,
             addr: listen,

@@ -151,12 +151,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let msg = frame(
-        &crate::grpc_echo::pb::EchoMessage {
-            payload: vec![b'x'; opts.payload],
-        }
-        .encode_to_vec(),
-    );
+    let msg = echo_message(opts.payload);
 
     r.line(format!(
         "- peers: {}; all fronts TLS 1.3 only (the load offers nothing else), client certificate required (dev CA, ECDSA P-256), HTTP/2 by ALPN, no session resumption; h2c to one tonic echo backend (2 tokio workers)",
@@ -386,7 +381,18 @@ fn record(m: &mut Res, name: &'static str, v: anyhow::Result<f64>, what: &str) {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The framed echo message every load sends: `payload` bytes of `x`.
+pub(crate) fn echo_message(payload: usize) -> Bytes {
+    frame(
+        &crate::grpc_echo::pb::EchoMessage {
+            payload: vec![b'x'; payload],
+        }
+        .encode_to_vec(),
+    )
+}
+
+/// The median of `v` (the lower one of an even count).
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s[(s.len() - 1) / 2]
@@ -661,6 +667,9 @@ pub enum Command {
     /// Measure the gateway, nginx, HAProxy and Envoy in front of the echo
     /// backend, and the backend directly.
     Run(RunArgs),
+    /// Count the instructions each front executes per bidi message and
+    /// per unary request, under valgrind's callgrind.
+    Instructions(crate::instructions::Args),
     /// A byte-copying TCP pass-through (started by `run`, the floor every
     /// front is compared with; prints its address).
     Passthrough {
@@ -729,6 +738,7 @@ pub fn command(
     match cmd {
         Command::Echo { pki, h2c, tls } => crate::grpc_echo::run(&pki, h2c, tls),
         Command::Passthrough { to } => passthrough(to),
+        Command::Instructions(a) => crate::instructions::run(a, spinlink, dir, r),
         Command::Run(a) => run(
             &Options {
                 spinlink,

@@ -28,6 +28,7 @@ pub mod grpc_peers;
 pub mod grpc_proxy;
 pub mod grpc_wire;
 pub mod hostile;
+pub mod instructions;
 pub mod load;
 pub mod machine;
 pub mod report;

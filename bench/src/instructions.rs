@@ -1,0 +1,395 @@
+//! Instructions each front executes per message, counted by valgrind's
+//! callgrind: the counter behind the CPU column of `grpc-proxy run` that
+//! these VMs cannot give (`perf stat -e instructions` is `<not
+//! supported>`). Callgrind counts every instruction a process runs in user
+//! space, the same count for the same binary and load whatever else the
+//! machine is doing, so two builds, or two fronts, compare without the
+//! spread of CPU time. What it does not count is the kernel's share (the
+//! system calls, loopback TCP), which `grpc-proxy run` measures.
+//!
+//! Each front runs under `valgrind --tool=callgrind` in front of the echo
+//! backend, configured as in `grpc-proxy run`. The load opens its
+//! connections and streams and echoes once on each (so connections,
+//! upstream connections and lazily built state exist), then the front's
+//! counters are zeroed (`callgrind_control -z`), a counted number of bidi
+//! messages or unary requests goes through, and the counters are dumped
+//! (`callgrind_control -d`): the dump's total over the count is the figure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use spinlink_proto::paths;
+use spinlink_tls::dev::DevPki;
+
+use crate::chain::Proc;
+use crate::grpc_peers::{self as peers, Front, Kind, Peers, path};
+use crate::grpc_wire::Dialer;
+use crate::report::Report;
+
+/// How long a front under valgrind may take to open its port (Envoy takes
+/// the longest).
+const START_WAIT: Duration = Duration::from_secs(300);
+
+/// Flags of `grpc-proxy instructions`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    peers: Peers,
+    /// Counted rounds per front and load (the count is the same in every
+    /// round of the same binary; more rounds show that it is).
+    #[arg(long, default_value_t = 2)]
+    runs: usize,
+    /// Concurrent bidi streams.
+    #[arg(long, default_value_t = 16)]
+    bidi_streams: usize,
+    /// Messages each bidi stream echoes while counted.
+    #[arg(long, default_value_t = 250)]
+    bidi_messages: usize,
+    /// Unary requests in flight.
+    #[arg(long, default_value_t = 16)]
+    unary_inflight: usize,
+    /// Requests each of them makes while counted.
+    #[arg(long, default_value_t = 250)]
+    unary_requests: usize,
+    /// Connections each load is spread over.
+    #[arg(long, default_value_t = 4)]
+    conns: usize,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 200)]
+    payload: usize,
+    /// The valgrind binary.
+    #[arg(long, default_value = "valgrind")]
+    valgrind: PathBuf,
+}
+
+/// A front running under callgrind.
+struct Counted {
+    front: Front,
+    /// Where its dumps go: `<prefix>.<pid>.<part>`.
+    prefix: PathBuf,
+}
+
+impl Counted {
+    /// Every process of the front (nginx's workers are forks of its master,
+    /// each counted by its own callgrind).
+    fn pids(&self) -> Vec<u32> {
+        peers::process_tree(self.front.pid())
+    }
+
+    /// Zeroes the counters of every process of the front.
+    fn zero(&self) -> anyhow::Result<()> {
+        for pid in self.pids() {
+            control("-z", pid)?;
+        }
+        Ok(())
+    }
+
+    /// Dumps the counters of every process and returns their summed
+    /// instruction count since the last zero.
+    fn dump(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for pid in self.pids() {
+            control("-d", pid)?;
+            total += latest_total(&self.prefix, pid)?;
+        }
+        Ok(total)
+    }
+}
+
+/// `callgrind_control <flag> <pid>`.
+fn control(flag: &str, pid: u32) -> anyhow::Result<()> {
+    let out = Command::new("callgrind_control")
+        .args([flag, &pid.to_string()])
+        .output()
+        .context("running callgrind_control")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("OK.") {
+        bail!(
+            "callgrind_control {flag} {pid}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The instruction total of `pid`'s newest dump (`<prefix>.<pid>.<part>`).
+fn latest_total(prefix: &Path, pid: u32) -> anyhow::Result<u64> {
+    let dir = prefix.parent().context("dump prefix without a directory")?;
+    let stem = format!(
+        "{}.{pid}.",
+        prefix
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("dump prefix")?
+    );
+    let newest = std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let part: u32 = name.strip_prefix(&stem)?.parse().ok()?;
+            Some((part, e.path()))
+        })
+        .max_by_key(|(part, _)| *part)
+        .with_context(|| format!("no callgrind dump of process {pid}"))?;
+    totals(&std::fs::read_to_string(&newest.1)?)
+        .with_context(|| format!("{}: no totals line", newest.1.display()))
+}
+
+/// The first event count of a callgrind dump's `totals:` (or, failing
+/// that, `summary:`) line: instructions executed.
+fn totals(text: &str) -> Option<u64> {
+    let line = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    line("totals:").or_else(|| line("summary:"))
+}
+
+/// Runs `grpc-proxy instructions`.
+pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyhow::Result<()> {
+    crate::grpc_proxy::raise_nofile();
+    let pki = DevPki::ensure(&dir.join("pki"), &[crate::grpc_wire::AGENT_ID])?;
+    let me = std::env::current_exe()?;
+    let mut echo = Proc::start(
+        &me,
+        "echo",
+        &dir,
+        &[
+            "--dir",
+            path(&dir)?,
+            "grpc-proxy",
+            "echo",
+            "--pki",
+            path(&pki.dir)?,
+        ],
+    )?;
+    let echo_h2c: std::net::SocketAddr = echo
+        .wait_line("listening: echo-h2c ", peers::START_WAIT)?
+        .parse()?;
+    let valgrind = path(&args.valgrind)?.to_owned();
+    let version = peers::version(&args.valgrind, &["--version"]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let msg = crate::grpc_proxy::echo_message(args.payload);
+    let gateway = |listen| peers::gateway_yaml(&pki, listen, echo_h2c, true);
+    let runs = args.runs.max(1);
+    let conns = args.conns.max(1);
+    let bidi_count = (args.bidi_streams * args.bidi_messages).max(1);
+    let unary_count = (args.unary_inflight * args.unary_requests).max(1);
+    // name → (bidi per message, unary per request), one entry per round.
+    let mut per: BTreeMap<&'static str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut versions = Vec::new();
+    let mut order = Vec::new();
+    for (kind, bin) in args.peers.fronts(&spinlink) {
+        let name = kind.name();
+        let prefix = dir.join(format!("callgrind.{name}"));
+        let under = vec![
+            valgrind.clone(),
+            "--tool=callgrind".into(),
+            "--trace-children=yes".into(),
+            format!("--callgrind-out-file={}.%p", path(&prefix)?),
+        ];
+        eprintln!("{name}: starting under callgrind");
+        let front = Front::start_under(
+            kind, &bin, &pki, &dir, echo_h2c, &gateway, &under, START_WAIT,
+        )
+        .with_context(|| format!("starting {name} under callgrind"))?;
+        if kind != Kind::Gateway {
+            versions.push(front.version.clone());
+        }
+        let counted = Counted { front, prefix };
+        let dialer = Dialer::new(&pki, counted.front.addr, kind == Kind::Gateway)?;
+        let entry = per.entry(name).or_default();
+        order.push(name);
+        for round in 0..runs {
+            let b = rt
+                .block_on(bidi(
+                    &dialer,
+                    &counted,
+                    conns,
+                    args.bidi_streams,
+                    args.bidi_messages,
+                    msg.clone(),
+                ))
+                .with_context(|| format!("{name}: bidi"))?;
+            let b = b as f64 / bidi_count as f64;
+            let u = rt
+                .block_on(unary(
+                    &dialer,
+                    &counted,
+                    conns,
+                    args.unary_inflight,
+                    args.unary_requests,
+                    msg.clone(),
+                ))
+                .with_context(|| format!("{name}: unary"))?;
+            let u = u as f64 / unary_count as f64;
+            eprintln!("  round {round}: {name} {b:.0} per bidi msg, {u:.0} per unary req");
+            entry.0.push(b);
+            entry.1.push(u);
+        }
+    }
+    drop(echo);
+
+    r.line(format!(
+        "- counter: {version}, `--tool=callgrind` (instructions executed in user space, every thread and process of the front; the kernel's share is not in it)"
+    ));
+    r.line(format!(
+        "- peers: {}; configured as in `grpc-proxy run` (TLS 1.3, client certificate required, HTTP/2 by ALPN, h2c to the echo backend)",
+        versions.join("; ")
+    ));
+    r.line(format!(
+        "- load: connections and streams opened and echoed once before counting; counted: {} bidi streams × {} messages, {} unary callers × {} requests, over {conns} connections, {}-byte payload; {runs} rounds per front, every front measured in this run",
+        args.bidi_streams, args.bidi_messages, args.unary_inflight, args.unary_requests, args.payload
+    ));
+    r.line("");
+    r.line(
+        "| front | instructions per bidi msg | per unary req | ×HAProxy bidi | ×HAProxy unary | spread between rounds |",
+    );
+    r.line("|---|---|---|---|---|---|");
+    let reference = per
+        .get("haproxy")
+        .map(|(b, u)| (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u)));
+    for name in order {
+        let (b, u) = &per[name];
+        let (mb, mu) = (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u));
+        let ratio =
+            |x: f64, of: Option<f64>| of.map_or("–".into(), |of| format!("{:.2}", x / of));
+        r.line(format!(
+            "| {name} | {mb:.0} | {mu:.0} | {} | {} | {:.1} % / {:.1} % |",
+            ratio(mb, reference.map(|r| r.0)),
+            ratio(mu, reference.map(|r| r.1)),
+            spread(b),
+            spread(u),
+        ));
+    }
+    Ok(())
+}
+
+/// (max − min) / min of `v`, in percent.
+fn spread(v: &[f64]) -> f64 {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(0.0, f64::max);
+    if min > 0.0 {
+        (max - min) / min * 100.0
+    } else {
+        0.0
+    }
+}
+
+/// Opens `streams` bidi streams over `conns` connections and echoes once on
+/// each, then counts the front's instructions while each stream echoes
+/// `messages` more.
+async fn bidi(
+    d: &Dialer,
+    front: &Counted,
+    conns: usize,
+    streams: usize,
+    messages: usize,
+    msg: Bytes,
+) -> anyhow::Result<u64> {
+    let mut cs = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        cs.push(d.connect().await?);
+    }
+    let mut open = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let mut b = cs[i % conns].bidi(paths::RELAY, msg.clone()).await?;
+        b.next()
+            .await?
+            .context("stream ended before its first echo")?;
+        open.push(b);
+    }
+    tokio::task::block_in_place(|| front.zero())?;
+    let mut tasks = Vec::with_capacity(streams);
+    for mut b in open {
+        let msg = msg.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..messages {
+                b.send(msg.clone()).await?;
+                b.next().await?.context("stream ended")?;
+            }
+            anyhow::Ok(b)
+        }));
+    }
+    let mut done = Vec::with_capacity(streams);
+    for t in tasks {
+        done.push(t.await??);
+    }
+    let total = tokio::task::block_in_place(|| front.dump())?;
+    drop(done);
+    drop(cs);
+    Ok(total)
+}
+
+/// Opens `conns` connections and makes one request on each, then counts the
+/// front's instructions while `inflight` callers make `requests` each.
+async fn unary(
+    d: &Dialer,
+    front: &Counted,
+    conns: usize,
+    inflight: usize,
+    requests: usize,
+    msg: Bytes,
+) -> anyhow::Result<u64> {
+    let mut cs = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let mut c = d.connect().await?;
+        c.unary(paths::CACHE, msg.clone()).await?;
+        cs.push(c);
+    }
+    tokio::task::block_in_place(|| front.zero())?;
+    let mut tasks = Vec::with_capacity(inflight);
+    for i in 0..inflight {
+        let mut c = cs[i % conns].clone();
+        let msg = msg.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..requests {
+                c.unary(paths::CACHE, msg.clone()).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let total = tokio::task::block_in_place(|| front.dump())?;
+    drop(cs);
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_total_is_read_from_a_callgrind_dump() {
+        let dump = "# callgrind format\nversion: 1\npid: 8768\npart: 1\n\nevents: Ir\nsummary: 12\n\nfn=(1) main\n3 5\n\ntotals: 123456 7\n";
+        assert_eq!(totals(dump), Some(123_456));
+        assert_eq!(totals("events: Ir\nsummary: 99\n"), Some(99));
+        assert_eq!(totals("events: Ir\n"), None);
+    }
+
+    #[test]
+    fn the_newest_part_of_a_process_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("callgrind.gateway");
+        for (name, total) in [
+            ("callgrind.gateway.41", 1),
+            ("callgrind.gateway.41.2", 20),
+            ("callgrind.gateway.41.10", 100),
+            ("callgrind.gateway.411.12", 5),
+        ] {
+            std::fs::write(dir.path().join(name), format!("totals: {total}\n")).unwrap();
+        }
+        assert_eq!(latest_total(&prefix, 41).unwrap(), 100);
+        assert!(latest_total(&prefix, 7).is_err());
+    }
+}
