@@ -127,7 +127,8 @@ impl<K: Eq + Hash + Clone> KeyedBuckets<K> {
 #[derive(Debug)]
 pub struct Slots<K: Eq + Hash> {
     max: usize,
-    open: Mutex<HashMap<K, usize>>,
+    // Every carried stream takes and gives back a slot of its identity.
+    open: Mutex<HashMap<K, usize, foldhash::fast::RandomState>>,
 }
 
 /// One taken slot; dropping it gives the slot back.
@@ -142,7 +143,7 @@ impl<K: Eq + Hash + Clone> Slots<K> {
     pub fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             max,
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(HashMap::default()),
         })
     }
 

@@ -839,7 +839,7 @@ where
         // limit, so this buffer's capacity stays under twice it.
         let limit = self.decoder.max_header_list_size();
         let mut all = BytesMut::with_capacity((block.len() * 4).max(512).min(limit));
-        let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(12);
+        let mut spans = Spans::default();
         let decoded = self.decoder.decode(block, |n, v, _| {
             let start = all.len();
             all.extend_from_slice(n);
@@ -1231,6 +1231,34 @@ fn is_informational(fields: &Fields) -> bool {
         .is_some_and(|(_, v)| v.first() == Some(&b'1'))
 }
 
+/// Where each field of a block being decoded lies in its buffer (name
+/// start, value start, end): on the stack for the usual dozen or so, so
+/// decoding a block allocates only its buffer and its field list.
+#[derive(Default)]
+struct Spans {
+    inline: [(usize, usize, usize); Spans::INLINE],
+    len: usize,
+    more: Vec<(usize, usize, usize)>,
+}
+
+impl Spans {
+    const INLINE: usize = 16;
+
+    fn push(&mut self, span: (usize, usize, usize)) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = span;
+                self.len += 1;
+            }
+            None => self.more.push(span),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(usize, usize, usize)> {
+        self.inline[..self.len].iter().chain(&self.more)
+    }
+}
+
 /// Checks a header block as RFC 9113 §8.2 and §8.3 require: lowercase
 /// names, pseudo fields first and only the ones the side may receive, no
 /// connection-specific fields, `te` only as `trailers`; a request head has
@@ -1263,10 +1291,7 @@ pub fn valid_fields(fields: &Fields, side: Side, head: bool) -> bool {
             continue;
         }
         regular = true;
-        if name
-            .iter()
-            .any(|b| b.is_ascii_uppercase() || !http_token(*b))
-        {
+        if !name.iter().all(|&b| NAME_BYTE[usize::from(b)]) {
             return false;
         }
         if matches!(
@@ -1278,7 +1303,7 @@ pub fn valid_fields(fields: &Fields, side: Side, head: bool) -> bool {
         if &name[..] == b"te" && &value[..] != b"trailers" {
             return false;
         }
-        if value.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n') {
+        if breaks_a_line(value) {
             return false;
         }
     }
@@ -1291,18 +1316,32 @@ pub fn valid_fields(fields: &Fields, side: Side, head: bool) -> bool {
     }
 }
 
-/// Whether `b` may appear in a header name (RFC 9110 `tchar`).
-fn http_token(b: u8) -> bool {
-    TCHAR[usize::from(b)]
+/// Whether `value` holds NUL, CR or LF (RFC 9113 §8.2.1). Values are the
+/// long part of a block (tokens, paths): eight bytes are checked at a time.
+fn breaks_a_line(value: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // Whether any byte of `word` is `b`: a byte of `word ^ b·ONES` is zero
+    // exactly where, and subtracting one there borrows into its top bit.
+    let has = |word: u64, b: u8| {
+        let x = word ^ (u64::from(b) * ONES);
+        x.wrapping_sub(ONES) & !x & (ONES << 7) != 0
+    };
+    let (words, rest) = value.as_chunks::<8>();
+    words.iter().any(|w| {
+        let w = u64::from_le_bytes(*w);
+        has(w, 0) | has(w, b'\r') | has(w, b'\n')
+    }) || rest.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n')
 }
 
-/// RFC 9110's `tchar` as a table.
-const TCHAR: [bool; 256] = {
+/// The bytes an HTTP/2 field name may hold: RFC 9110's `tchar` without
+/// uppercase letters (RFC 9113 §8.2.1), as a table.
+const NAME_BYTE: [bool; 256] = {
     let mut t = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
-        t[b] = c.is_ascii_alphanumeric()
+        t[b] = c.is_ascii_lowercase()
+            || c.is_ascii_digit()
             || matches!(
                 c,
                 b'!' | b'#'

@@ -5,7 +5,7 @@
 pub mod client_networks;
 pub mod metrics;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
 use tokio::sync::watch;
 
@@ -24,8 +24,33 @@ pub struct Stats {
     streams_forwarded: AtomicU64,
     upstream_unavailable: AtomicU64,
     metrics: Metrics,
-    // Bumped on every change so a waiter can re-read without polling.
+    // Bumped on a change while anyone waits, so a waiter can re-read
+    // without polling.
     changed: watch::Sender<u64>,
+    // How many wait: with none (the gateway's usual state) a change costs
+    // the counter's own atomic only, not the channel's lock and wake-ups
+    // that every carried stream would take on every worker.
+    waiters: AtomicUsize,
+}
+
+/// One waiter counted in [`Stats::waiters`] until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    /// Counts a waiter. Whatever changed before the change's
+    /// [`Stats::bump`] saw no waiter is visible to reads after this (the
+    /// two `SeqCst` fences order the count against the changes).
+    fn new(waiters: &'a AtomicUsize) -> Self {
+        waiters.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        Self(waiters)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The counters at one moment.
@@ -88,6 +113,7 @@ impl Default for Stats {
             upstream_unavailable: AtomicU64::new(0),
             metrics: Metrics::default(),
             changed: watch::Sender::new(0),
+            waiters: AtomicUsize::new(0),
         }
     }
 }
@@ -145,7 +171,12 @@ impl Stats {
     }
 
     fn bump(&self) {
-        self.changed.send_modify(|generation| *generation += 1);
+        // Pairs with the fence in `Waiting::new`: either this sees the
+        // waiter, or the waiter's reads see the change.
+        fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.changed.send_modify(|generation| *generation += 1);
+        }
     }
 
     /// The Prometheus metrics.
@@ -169,6 +200,7 @@ impl Stats {
     /// Waits until `done` holds for these stats.
     pub async fn wait_until(&self, done: impl Fn(&Stats) -> bool) {
         let mut changes = self.changed.subscribe();
+        let _waiting = Waiting::new(&self.waiters);
         while !done(self) {
             let _ = changes.changed().await;
         }
@@ -200,6 +232,7 @@ impl Stats {
         // Subscribe before reading so a change between the read and the wait
         // is not lost.
         let mut changes = self.changed.subscribe();
+        let _waiting = Waiting::new(&self.waiters);
         loop {
             let now = self.snapshot();
             if done(&now) {
@@ -229,5 +262,49 @@ mod tests {
         let seen = waiter.await.unwrap();
         assert_eq!(seen.handshake_failures, 2);
         assert_eq!(seen.streams_forwarded, 0);
+    }
+
+    #[test]
+    fn a_change_nobody_waits_for_wakes_nobody() {
+        let stats = Stats::default();
+        stats.incr(Counter::StreamsForwarded);
+        stats.refuse(Refusal::GoingAway);
+        assert_eq!(*stats.changed.borrow(), 0, "the channel was sent to");
+        assert_eq!(stats.snapshot().streams_forwarded, 1);
+    }
+
+    /// Waiters that start while other threads count are never left asleep
+    /// past the change they wait for.
+    #[test]
+    fn a_waiter_starting_while_others_count_sees_every_change() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for round in 0..200u64 {
+            let stats = Arc::new(Stats::default());
+            let counter = std::thread::spawn({
+                let stats = stats.clone();
+                move || {
+                    for _ in 0..=round % 7 {
+                        stats.incr(Counter::StreamsForwarded);
+                    }
+                }
+            });
+            let want = round % 7 + 1;
+            let seen = rt.block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    stats.wait_for(|s| s.streams_forwarded >= want),
+                )
+                .await
+            });
+            counter.join().unwrap();
+            assert_eq!(
+                seen.expect("a waiter missed a change").streams_forwarded,
+                want
+            );
+        }
     }
 }

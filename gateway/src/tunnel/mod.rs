@@ -204,9 +204,16 @@ pub trait RequestHeaders {
 
     /// The first value of `name` as non-empty text.
     fn text(&self, name: &str) -> Option<&str> {
-        self.first(name)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)))
+        let v = self.first(name)?;
+        // Without an early exit the check runs many bytes at a time (tokens
+        // are long); visible ASCII is then UTF-8 as well.
+        let visible = v.iter().fold(true, |ok, &b| {
+            ok & (b == b'\t' || (0x20..0x7f).contains(&b))
+        });
+        if v.is_empty() || !visible {
+            return None;
+        }
+        std::str::from_utf8(v).ok()
     }
 }
 

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use spinlink_proto::headers;
@@ -463,9 +463,11 @@ pub fn upstream_fields(
     verified: &[(&'static str, String)],
 ) -> Result<Fields, String> {
     let value = |v: &str| {
-        HeaderValue::from_str(v)
-            .map(|_| Bytes::copy_from_slice(v.as_bytes()))
-            .map_err(|_| format!("{v:?} cannot be sent as a header value"))
+        if sendable(v.as_bytes()) {
+            Ok(Bytes::copy_from_slice(v.as_bytes()))
+        } else {
+            Err(format!("{v:?} cannot be sent as a header value"))
+        }
     };
     // Names the `Connection` header lists are hop-by-hop as well.
     let listed: Vec<&[u8]> = headers
@@ -474,16 +476,11 @@ pub fn upstream_fields(
         .flat_map(|(_, v)| v.split(|&b| b == b','))
         .map(|n| n.trim_ascii())
         .collect();
+    let (scheme, authority) = target.pseudo_fields();
     let mut fields = Fields::with_capacity(headers.len() + 6);
     fields.push((Bytes::from_static(b":method"), method));
-    fields.push((
-        Bytes::from_static(b":scheme"),
-        Bytes::copy_from_slice(target.scheme().as_str().as_bytes()),
-    ));
-    fields.push((
-        Bytes::from_static(b":authority"),
-        Bytes::copy_from_slice(target.authority().as_str().as_bytes()),
-    ));
+    fields.push((Bytes::from_static(b":scheme"), scheme.clone()));
+    fields.push((Bytes::from_static(b":authority"), authority.clone()));
     fields.push((Bytes::from_static(b":path"), path));
     // Sliced, not copied: they share the agent's decoded header block.
     for (name, v) in headers {
@@ -499,6 +496,14 @@ pub fn upstream_fields(
         fields.push((Bytes::from_static(name.as_bytes()), value(v)?));
     }
     Ok(fields)
+}
+
+/// Whether `v` can be a header value: what `http::HeaderValue` accepts
+/// (visible ASCII, obs-text, space and tab), checked without building one.
+fn sendable(v: &[u8]) -> bool {
+    v.iter().fold(true, |ok, &b| {
+        ok & ((b >= 0x20 && b != 0x7f) | (b == b'\t'))
+    })
 }
 
 /// The sidecar's response body, passed through frame by frame. If the
@@ -548,7 +553,22 @@ impl http_body::Body for UpstreamBody {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
+
+    #[test]
+    fn a_value_is_sendable_exactly_when_http_takes_it() {
+        for b in 0..=255u8 {
+            let v = [b'a', b, b'z'];
+            assert_eq!(
+                sendable(&v),
+                HeaderValue::from_bytes(&v).is_ok(),
+                "byte {b:#04x}"
+            );
+        }
+        assert!(sendable(b""));
+    }
 
     #[test]
     fn drops_hop_by_hop_token_and_claims() {

@@ -362,7 +362,7 @@ impl Role for AgentRole {
     const SIDE: Side = Side::Server;
 
     fn open(&mut self, link: &Arc<Link>, id: u32, fields: Fields, end: bool) -> InStream {
-        let path = field(&fields, b":path").to_owned();
+        let path = field(&fields, b":path");
         let conn = &self.peer;
         let bootstrap = conn.control.is_bootstrap();
         if path == paths::HELLO {
@@ -390,11 +390,9 @@ impl Role for AgentRole {
             };
             return self.answer(link, id, end, Status::unauthenticated(message));
         };
-        let admitted = match path.as_str() {
+        let admitted = match path {
             paths::CONTROL => return self.control(link, id, end),
-            paths::CACHE | paths::RELAY => {
-                proxy::admit_channel(&self.shared, &peer, &path, headers)
-            }
+            paths::CACHE | paths::RELAY => proxy::admit_channel(&self.shared, &peer, path, headers),
             paths::ASSIGNMENTS => {
                 let hello_agent = conn.control.hello_agent();
                 proxy::admit_assignments(
@@ -402,7 +400,7 @@ impl Role for AgentRole {
                     &peer,
                     bootstrap,
                     hello_agent.as_deref(),
-                    &path,
+                    path,
                     headers,
                 )
             }

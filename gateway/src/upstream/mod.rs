@@ -81,6 +81,9 @@ pub struct Target {
     url: String,
     scheme: Scheme,
     authority: Authority,
+    /// `:scheme` and `:authority` as HTTP/2 fields take them, made once:
+    /// every carried stream's head shares them.
+    fields: (bytes::Bytes, bytes::Bytes),
     host: String,
     port: u16,
     /// The name the sidecar's certificate is checked against when it is not
@@ -126,6 +129,7 @@ impl Target {
         Ok(Self {
             url: url.to_owned(),
             port: authority.port_u16().unwrap_or(default_port),
+            fields: pseudo_fields(&scheme, &authority),
             scheme,
             authority,
             host,
@@ -141,6 +145,7 @@ impl Target {
             url: format!("{}://{addr}", self.scheme),
             scheme: self.scheme.clone(),
             authority: self.authority.clone(),
+            fields: self.fields.clone(),
             host: addr.ip().to_string(),
             port: addr.port(),
             tls_name: Some(self.tls_name.clone().unwrap_or_else(|| self.host.clone())),
@@ -176,6 +181,18 @@ impl Target {
     pub fn authority(&self) -> &Authority {
         &self.authority
     }
+
+    /// The values of the `:scheme` and `:authority` fields requests carry.
+    pub fn pseudo_fields(&self) -> &(bytes::Bytes, bytes::Bytes) {
+        &self.fields
+    }
+}
+
+fn pseudo_fields(scheme: &Scheme, authority: &Authority) -> (bytes::Bytes, bytes::Bytes) {
+    (
+        bytes::Bytes::copy_from_slice(scheme.as_str().as_bytes()),
+        bytes::Bytes::copy_from_slice(authority.as_str().as_bytes()),
+    )
 }
 
 /// TLS settings towards sidecars.

@@ -189,7 +189,7 @@ pub struct UpstreamSet {
     /// Sources that find instances at run time (DNS, EndpointSlices).
     discovered: std::sync::atomic::AtomicUsize,
     instances: RwLock<Arc<Vec<Arc<Instance>>>>,
-    assignments: Mutex<HashMap<String, Assignment>>,
+    assignments: Mutex<HashMap<String, Assignment, foldhash::fast::RandomState>>,
     changed: watch::Sender<u64>,
 }
 
@@ -222,7 +222,7 @@ impl UpstreamSet {
             sources: Mutex::new(Vec::new()),
             discovered: std::sync::atomic::AtomicUsize::new(0),
             instances: RwLock::new(Arc::new(Vec::new())),
-            assignments: Mutex::new(HashMap::new()),
+            assignments: Mutex::new(HashMap::default()),
             changed: watch::channel(0).0,
         }
     }
@@ -275,7 +275,9 @@ impl UpstreamSet {
         self.changed.subscribe()
     }
 
-    fn lock_assignments(&self) -> std::sync::MutexGuard<'_, HashMap<String, Assignment>> {
+    fn lock_assignments(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Assignment, foldhash::fast::RandomState>> {
         self.assignments.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -874,3 +874,130 @@ async fn a_stream_the_other_side_cancels_is_not_the_peers_failure() {
     );
     task.abort();
 }
+
+fn block(fields: &[(&str, &[u8])]) -> Fields {
+    fields
+        .iter()
+        .map(|(n, v)| {
+            (
+                Bytes::copy_from_slice(n.as_bytes()),
+                Bytes::copy_from_slice(v),
+            )
+        })
+        .collect()
+}
+
+/// RFC 9113 §8.2 and §8.3, each rule broken once in an otherwise valid
+/// request head, response head or trailer block.
+#[test]
+fn header_blocks_are_checked_as_rfc_9113_requires() {
+    let request = |extra: &[(&str, &[u8])]| {
+        let mut f = vec![
+            (":method", &b"POST"[..]),
+            (":scheme", b"https"),
+            (":path", b"/spinlink.v1.Tunnel/Relay"),
+            (":authority", b"gateway"),
+            ("content-type", b"application/grpc"),
+        ];
+        f.extend_from_slice(extra);
+        block(&f)
+    };
+    assert!(valid_fields(&request(&[]), Side::Server, true));
+    // Every byte but NUL, CR and LF, at every place of a word.
+    let mut all: Vec<u8> = (1..=255u8).filter(|b| !b"\r\n".contains(b)).collect();
+    for shift in 0..8 {
+        all.rotate_left(shift);
+        assert!(valid_fields(
+            &request(&[("x-all", &all)]),
+            Side::Server,
+            true
+        ));
+    }
+    assert!(valid_fields(
+        &request(&[("te", b"trailers"), ("x-token_1!#$%&'*+-.^`|~", b"a\tb ~")]),
+        Side::Server,
+        true
+    ));
+    for (name, value) in [
+        ("Content-Length", &b"1"[..]),
+        ("x-Upper", b"1"),
+        ("x token", b"1"),
+        ("x:colon", b"1"),
+        ("x\u{e9}", b"1"),
+        ("", b"1"),
+        ("connection", b"close"),
+        ("keep-alive", b"1"),
+        ("proxy-connection", b"1"),
+        ("transfer-encoding", b"chunked"),
+        ("upgrade", b"h2c"),
+        ("te", b"gzip"),
+        ("x-nul", b"a\0b"),
+        ("x-cr", b"a\rb"),
+        ("x-lf", b"a\nb"),
+        ("x-long-lf", &[b"x".repeat(100), b"\n".to_vec()].concat()),
+        (
+            "x-word-cr",
+            &[b"x".repeat(11), b"\r".to_vec(), b"x".repeat(20)].concat(),
+        ),
+        ("x-word-nul", &[b"\0".to_vec(), b"x".repeat(15)].concat()),
+        ("x-word-lf", &[b"x".repeat(23), b"\n".to_vec()].concat()),
+        (":status", b"200"),
+        (":protocol", b"websocket"),
+    ] {
+        assert!(
+            !valid_fields(&request(&[(name, value)]), Side::Server, true),
+            "{name:?}: {:?} accepted",
+            String::from_utf8_lossy(value)
+        );
+    }
+    // Pseudo fields first, each once, `:path` not empty.
+    let head = |f: &[(&str, &[u8])]| valid_fields(&block(f), Side::Server, true);
+    assert!(!head(&[
+        (":method", b"GET"),
+        ("accept", b"*/*"),
+        (":scheme", b"https"),
+        (":path", b"/"),
+    ]));
+    assert!(!head(&[(":method", b"GET"), (":scheme", b"https")]));
+    assert!(!head(&[
+        (":method", b"GET"),
+        (":method", b"GET"),
+        (":scheme", b"https"),
+        (":path", b"/"),
+    ]));
+    assert!(!head(&[
+        (":method", b"GET"),
+        (":scheme", b"https"),
+        (":path", b"")
+    ]));
+    // A response head has `:status` and nothing a request has.
+    let response = |f: &[(&str, &[u8])]| valid_fields(&block(f), Side::Client, true);
+    assert!(response(&[
+        (":status", b"200"),
+        ("content-type", b"application/grpc")
+    ]));
+    assert!(!response(&[("content-type", b"application/grpc")]));
+    assert!(!response(&[(":status", b"200"), (":path", b"/")]));
+    // Trailers carry no pseudo field.
+    assert!(valid_fields(
+        &block(&[("grpc-status", b"0")]),
+        Side::Client,
+        false
+    ));
+    assert!(!valid_fields(
+        &block(&[(":status", b"200"), ("grpc-status", b"0")]),
+        Side::Client,
+        false
+    ));
+}
+
+#[test]
+fn spans_past_the_inline_ones_keep_their_order() {
+    let mut spans = Spans::default();
+    let n = Spans::INLINE * 2 + 3;
+    for i in 0..n {
+        spans.push((i, i + 1, i + 2));
+    }
+    let seen: Vec<usize> = spans.iter().map(|s| s.0).collect();
+    assert_eq!(seen, (0..n).collect::<Vec<_>>());
+}
