@@ -418,7 +418,18 @@ impl Front {
                     path(&cfg)?.into(),
                     "-e".into(),
                     path(&log)?.into(),
-                ],
+                ]
+                .into_iter()
+                // Under a wrapper (valgrind), workers keep the master's
+                // user: a worker that switched to `nobody` could neither
+                // answer the wrapper's control requests nor write its files.
+                .chain(
+                    (!under.is_empty() && rustix::process::getuid().is_root())
+                        .then(|| ["-g".into(), "user root;".into()])
+                        .into_iter()
+                        .flatten(),
+                )
+                .collect(),
                 &["-v"],
             ),
             Kind::Haproxy => (
