@@ -50,9 +50,39 @@ pub struct Admitted {
     pub key: String,
     /// The gateway's verified headers, set in place of anything the agent
     /// claimed.
-    pub verified: Vec<(&'static str, String)>,
+    pub verified: Verified,
     /// The identity's stream slot, held while the stream is open.
     pub slot: Slot<std::sync::Arc<str>>,
+}
+
+/// What the gateway verified of a stream, sent to the sidecar as
+/// `spinlink-verified-*` headers.
+#[derive(Debug)]
+pub enum Verified {
+    /// A `Cache` or `Relay` stream: its account is the rendezvous key.
+    Account,
+    /// An `Assignments` stream: the agent id its `Hello` stated and the
+    /// account globs the policy grants its identity (JSON).
+    Agent {
+        /// The agent id.
+        agent: String,
+        /// The granted account globs, a JSON array.
+        accounts: String,
+    },
+}
+
+impl Admitted {
+    /// The verified headers: names and values.
+    pub fn verified(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let (first, second) = match &self.verified {
+            Verified::Account => ((headers::VERIFIED_ACCOUNT, self.key.as_str()), None),
+            Verified::Agent { agent, accounts } => (
+                (headers::VERIFIED_AGENT, agent.as_str()),
+                Some((headers::VERIFIED_ACCOUNTS, accounts.as_str())),
+            ),
+        };
+        std::iter::once(first).chain(second)
+    }
 }
 
 /// Checks a `Cache` or `Relay` stream: one `spinlink-account` and one
@@ -126,7 +156,7 @@ pub fn admit_channel(
     let slot = take_slot(shared, peer, account, method)?;
     Ok(Admitted {
         key: account.to_owned(),
-        verified: vec![(headers::VERIFIED_ACCOUNT, account.to_owned())],
+        verified: Verified::Account,
         slot,
     })
 }
@@ -195,13 +225,10 @@ pub fn admit_assignments(
     let slot = take_slot(shared, peer, &key, method)?;
     Ok(Admitted {
         key,
-        verified: vec![
-            (headers::VERIFIED_AGENT, agent.to_owned()),
-            (
-                headers::VERIFIED_ACCOUNTS,
-                serde_json::to_string(&patterns).unwrap_or_default(),
-            ),
-        ],
+        verified: Verified::Agent {
+            agent: agent.to_owned(),
+            accounts: serde_json::to_string(&patterns).unwrap_or_default(),
+        },
         slot,
     })
 }
@@ -436,7 +463,7 @@ pub fn upstream_head(
         headers,
         target,
         &peer.identity,
-        &admitted.verified,
+        admitted.verified(),
     )
     .map_err(|message| {
         tracing::warn!(
@@ -454,13 +481,13 @@ pub fn upstream_head(
 /// the upstream's scheme and authority; the agent's headers minus those
 /// [`dropped`] names; the verified identity and `verified` headers added.
 /// `headers` are the agent's regular (non-pseudo) fields.
-pub fn upstream_fields(
+pub fn upstream_fields<'a>(
     method: Bytes,
     path: Bytes,
     headers: &[(Bytes, Bytes)],
     target: &Target,
     identity: &str,
-    verified: &[(&'static str, String)],
+    verified: impl IntoIterator<Item = (&'static str, &'a str)>,
 ) -> Result<Fields, String> {
     let value = |v: &str| {
         if sendable(v.as_bytes()) {

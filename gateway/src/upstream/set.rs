@@ -139,7 +139,8 @@ impl Instance {
 pub struct Lease {
     set: Arc<UpstreamSet>,
     instance: Arc<Instance>,
-    account: String,
+    // The assignment table's key, shared: a stream copies no name.
+    account: Arc<str>,
     gone: CancellationToken,
 }
 
@@ -173,6 +174,8 @@ impl Drop for Lease {
 
 #[derive(Debug)]
 struct Assignment {
+    /// Its key in the table, which leases share.
+    account: Arc<str>,
     instance: Arc<Instance>,
     streams: usize,
 }
@@ -189,7 +192,7 @@ pub struct UpstreamSet {
     /// Sources that find instances at run time (DNS, EndpointSlices).
     discovered: std::sync::atomic::AtomicUsize,
     instances: RwLock<Arc<Vec<Arc<Instance>>>>,
-    assignments: Mutex<HashMap<String, Assignment, foldhash::fast::RandomState>>,
+    assignments: Mutex<HashMap<Arc<str>, Assignment, foldhash::fast::RandomState>>,
     changed: watch::Sender<u64>,
 }
 
@@ -277,7 +280,7 @@ impl UpstreamSet {
 
     fn lock_assignments(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Assignment, foldhash::fast::RandomState>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Assignment, foldhash::fast::RandomState>> {
         self.assignments.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -395,7 +398,7 @@ impl UpstreamSet {
         if let Some(a) = table.get_mut(account) {
             if a.instance.available(now) {
                 a.streams += 1;
-                let instance = a.instance.clone();
+                let (instance, account) = (a.instance.clone(), a.account.clone());
                 drop(table);
                 return Some(self.lease(instance, account));
             }
@@ -421,9 +424,11 @@ impl UpstreamSet {
         )?;
         let instance = candidates[i].clone();
         instance.add_accounts(1);
+        let account: Arc<str> = Arc::from(account);
         table.insert(
-            account.to_owned(),
+            account.clone(),
             Assignment {
+                account: account.clone(),
                 instance: instance.clone(),
                 streams: 1,
             },
@@ -432,12 +437,12 @@ impl UpstreamSet {
         Some(self.lease(instance, account))
     }
 
-    fn lease(self: &Arc<Self>, instance: Arc<Instance>, account: &str) -> Lease {
+    fn lease(self: &Arc<Self>, instance: Arc<Instance>, account: Arc<str>) -> Lease {
         Lease {
             set: self.clone(),
             gone: instance.epoch(),
             instance,
-            account: account.to_owned(),
+            account,
         }
     }
 
