@@ -82,6 +82,40 @@ fn grpc_proxy_runs_tiny() {
 }
 
 #[test]
+fn grpc_proxy_instructions_runs_tiny() {
+    // The gateway alone under callgrind, a few messages: the count is read
+    // from callgrind's own dumps, so a nonzero figure means the zero, the
+    // dump and the parsing all worked.
+    let out = bench(&[
+        "grpc-proxy",
+        "instructions",
+        "--runs",
+        "1",
+        "--bidi-streams",
+        "2",
+        "--bidi-messages",
+        "3",
+        "--unary-inflight",
+        "2",
+        "--unary-requests",
+        "3",
+        "--conns",
+        "1",
+    ]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| gateway | "))
+        .unwrap_or_else(|| panic!("no gateway row:\n{out}"));
+    let counts: Vec<f64> = row
+        .split('|')
+        .skip(2)
+        .take(2)
+        .map(|c| c.trim().parse().unwrap())
+        .collect();
+    assert!(counts.iter().all(|&c| c > 1000.0), "{row}");
+}
+
+#[test]
 fn hostile_runs_tiny() {
     // No peers: the gateway alone, two floods of a second each. Its answer
     // to a rapid reset is part of what the bench reports, so it is checked.
