@@ -15,7 +15,6 @@
 //! messages or unary requests goes through, and the counters are dumped
 //! (`callgrind_control -d`): the dump's total over the count is the figure.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -183,10 +182,10 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
     let conns = args.conns.max(1);
     let bidi_count = (args.bidi_streams * args.bidi_messages).max(1);
     let unary_count = (args.unary_inflight * args.unary_requests).max(1);
-    // name → (bidi per message, unary per request), one entry per round.
-    let mut per: BTreeMap<&'static str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    // Per front, in the order measured: bidi per message and unary per
+    // request, one entry per round.
+    let mut per: Vec<(&'static str, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut versions = Vec::new();
-    let mut order = Vec::new();
     for (kind, bin) in args.peers.fronts(&spinlink) {
         let name = kind.name();
         let prefix = dir.join(format!("callgrind.{name}"));
@@ -206,8 +205,7 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
         }
         let counted = Counted { front, prefix };
         let dialer = Dialer::new(&pki, counted.front.addr, kind == Kind::Gateway)?;
-        let entry = per.entry(name).or_default();
-        order.push(name);
+        let (mut bidis, mut unaries) = (Vec::new(), Vec::new());
         for round in 0..runs {
             let b = rt
                 .block_on(bidi(
@@ -232,9 +230,10 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
                 .with_context(|| format!("{name}: unary"))?;
             let u = u as f64 / unary_count as f64;
             eprintln!("  round {round}: {name} {b:.0} per bidi msg, {u:.0} per unary req");
-            entry.0.push(b);
-            entry.1.push(u);
+            bidis.push(b);
+            unaries.push(u);
         }
+        per.push((name, bidis, unaries));
     }
     drop(echo);
 
@@ -255,10 +254,10 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
     );
     r.line("|---|---|---|---|---|---|");
     let reference = per
-        .get("haproxy")
-        .map(|(b, u)| (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u)));
-    for name in order {
-        let (b, u) = &per[name];
+        .iter()
+        .find(|(name, ..)| *name == Kind::Haproxy.name())
+        .map(|(_, b, u)| (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u)));
+    for (name, b, u) in &per {
         let (mb, mu) = (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u));
         let ratio =
             |x: f64, of: Option<f64>| of.map_or("–".into(), |of| format!("{:.2}", x / of));
@@ -323,6 +322,8 @@ async fn bidi(
     for t in tasks {
         done.push(t.await??);
     }
+    // Streams and connections close after the dump: their teardown is not
+    // a message's cost.
     let total = tokio::task::block_in_place(|| front.dump())?;
     drop(done);
     drop(cs);
@@ -360,6 +361,7 @@ async fn unary(
     for t in tasks {
         t.await??;
     }
+    // Connections close after the dump, as in `bidi`.
     let total = tokio::task::block_in_place(|| front.dump())?;
     drop(cs);
     Ok(total)

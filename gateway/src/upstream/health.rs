@@ -60,16 +60,11 @@ impl HealthChecker {
     async fn check(&self, instance: &Instance) -> bool {
         let upstream = instance.upstream();
         let target = upstream.target();
+        let (scheme, authority) = target.pseudo_fields();
         let fields: Fields = vec![
             (Bytes::from_static(b":method"), Bytes::from_static(b"POST")),
-            (
-                Bytes::from_static(b":scheme"),
-                Bytes::copy_from_slice(target.scheme().as_str().as_bytes()),
-            ),
-            (
-                Bytes::from_static(b":authority"),
-                Bytes::copy_from_slice(target.authority().as_str().as_bytes()),
-            ),
+            (Bytes::from_static(b":scheme"), scheme.clone()),
+            (Bytes::from_static(b":authority"), authority.clone()),
             (
                 Bytes::from_static(b":path"),
                 Bytes::copy_from_slice(self.config.path.as_bytes()),

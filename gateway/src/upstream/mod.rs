@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
-use http::uri::{Authority, Scheme, Uri};
+use http::uri::{Scheme, Uri};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
@@ -80,9 +80,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Target {
     url: String,
     scheme: Scheme,
-    authority: Authority,
     /// `:scheme` and `:authority` as HTTP/2 fields take them, made once:
-    /// every carried stream's head shares them.
+    /// every carried stream's head, and every health check's, shares them.
     fields: (bytes::Bytes, bytes::Bytes),
     host: String,
     port: u16,
@@ -129,9 +128,11 @@ impl Target {
         Ok(Self {
             url: url.to_owned(),
             port: authority.port_u16().unwrap_or(default_port),
-            fields: pseudo_fields(&scheme, &authority),
+            fields: (
+                bytes::Bytes::copy_from_slice(scheme.as_str().as_bytes()),
+                bytes::Bytes::copy_from_slice(authority.as_str().as_bytes()),
+            ),
             scheme,
-            authority,
             host,
             tls_name: None,
         })
@@ -144,7 +145,6 @@ impl Target {
         Self {
             url: format!("{}://{addr}", self.scheme),
             scheme: self.scheme.clone(),
-            authority: self.authority.clone(),
             fields: self.fields.clone(),
             host: addr.ip().to_string(),
             port: addr.port(),
@@ -172,27 +172,10 @@ impl Target {
         &self.url
     }
 
-    /// The scheme requests carry.
-    pub fn scheme(&self) -> &Scheme {
-        &self.scheme
-    }
-
-    /// The authority requests carry.
-    pub fn authority(&self) -> &Authority {
-        &self.authority
-    }
-
     /// The values of the `:scheme` and `:authority` fields requests carry.
     pub fn pseudo_fields(&self) -> &(bytes::Bytes, bytes::Bytes) {
         &self.fields
     }
-}
-
-fn pseudo_fields(scheme: &Scheme, authority: &Authority) -> (bytes::Bytes, bytes::Bytes) {
-    (
-        bytes::Bytes::copy_from_slice(scheme.as_str().as_bytes()),
-        bytes::Bytes::copy_from_slice(authority.as_str().as_bytes()),
-    )
 }
 
 /// TLS settings towards sidecars.
@@ -483,7 +466,10 @@ mod tests {
         let t = Target::parse("https://127.0.0.1:7001").unwrap();
         assert!(t.is_tls());
         assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 7001));
-        assert_eq!(t.authority().as_str(), "127.0.0.1:7001");
+        assert_eq!(
+            t.pseudo_fields(),
+            &(b"https"[..].into(), b"127.0.0.1:7001"[..].into())
+        );
         let t = Target::parse("http://[::1]:7001/").unwrap();
         assert!(!t.is_tls());
         assert_eq!((t.host.as_str(), t.port), ("::1", 7001));
@@ -497,7 +483,7 @@ mod tests {
         let i = t.instance("10.0.0.5:7002".parse().unwrap());
         assert_eq!(i.url(), "https://10.0.0.5:7002");
         assert_eq!((i.host(), i.port()), ("10.0.0.5", 7002));
-        assert_eq!(i.authority().as_str(), "sidecar.spinlink.svc:7001");
+        assert_eq!(&i.pseudo_fields().1[..], b"sidecar.spinlink.svc:7001");
         assert_eq!(i.tls_name.as_deref(), Some("sidecar.spinlink.svc"));
         let v6 = t.instance("[fd00::1]:7001".parse().unwrap());
         assert_eq!(v6.url(), "https://[fd00::1]:7001");
