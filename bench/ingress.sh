@@ -13,13 +13,18 @@
 #   bench/ingress.sh   # RUNS=5 REQUESTS=20000 CLIENTS=10 STREAMS=10 NGINX_WORKERS=nproc
 #
 # Bounded: every h2load run has a fixed request count and a 60 s timeout.
+#
+#   INSTRUCTIONS=1 bench/ingress.sh   # REQUESTS=2200 SMALL=CLIENTS*20
+#
+# counts instructions per request instead (both fronts under callgrind).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SPINLINK=${SPINLINK:-$ROOT/target/release/spinlink}
 NGINX=${NGINX:-/usr/sbin/nginx}
 RUNS=${RUNS:-5}
-REQUESTS=${REQUESTS:-20000}
+# Under callgrind (INSTRUCTIONS=1) each request costs ~50 times as much.
+REQUESTS=${REQUESTS:-$([ -n "${INSTRUCTIONS:-}" ] && echo 2200 || echo 20000)}
 CLIENTS=${CLIENTS:-10}
 STREAMS=${STREAMS:-10}
 # nginx workers: the gateway's runtime uses every core, so nginx gets as many.
@@ -40,7 +45,7 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() {
-    for _ in $(seq 100); do
+    for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         sleep 0.1
     done
@@ -93,9 +98,19 @@ EOF
 front "$NGX" >"$DIR/nginx.conf"
 front "$GW" >"$DIR/gateway.conf"
 
+# INSTRUCTIONS=1: both fronts run under callgrind (nginx keeps root for its
+# workers so callgrind_control may reach them).
+UNDER=()
+NGINX_UNDER=()
+if [ -n "${INSTRUCTIONS:-}" ]; then
+    command -v callgrind_control >/dev/null || { echo "missing: valgrind" >&2; exit 1; }
+    UNDER=(valgrind --tool=callgrind --trace-children=yes --dump-instr=no
+        "--callgrind-out-file=$DIR/callgrind.%p")
+    NGINX_UNDER=(-g "user root;")
+fi
 "$NGINX" -p "$DIR" -c "$DIR/app.conf" & PIDS+=($!)
-"$NGINX" -p "$DIR" -c "$DIR/nginx.conf" & PIDS+=($!)
-SPINLINK_LOG=warn "$SPINLINK" gateway --nginx-config "$DIR/gateway.conf" >/dev/null & PIDS+=($!)
+"${UNDER[@]}" "$NGINX" -p "$DIR" -c "$DIR/nginx.conf" "${NGINX_UNDER[@]}" 2>>"$DIR/valgrind.log" & PIDS+=($!)
+SPINLINK_LOG=warn "${UNDER[@]}" "$SPINLINK" gateway --nginx-config "$DIR/gateway.conf" >/dev/null 2>>"$DIR/valgrind.log" & PIDS+=($!)
 wait_port "$APP"; wait_port "$NGX"; wait_port "$GW"
 
 # One h2load run; prints requests per second.
@@ -128,6 +143,60 @@ measure() { # side proto
     after=$(ticks "${PID_OF[$1]}")
     T[$1-$2]=$(( ${T[$1-$2]:-0} + after - before ))
 }
+
+# Instructions per request (user space, every thread and process of the
+# front), counted by callgrind: the difference between a run of SMALL and a
+# run of REQUESTS requests over the same connections count, so handshakes and
+# connection set-up cancel out.
+if [ -n "${INSTRUCTIONS:-}" ]; then
+    # The newest dump's total of every process of a front.
+    total() { # pid
+        local t=0 p f
+        for p in "$1" $(pgrep -P "$1" || true); do
+            f=$(ls -1 "$DIR"/callgrind."$p".* 2>/dev/null | sort -t. -k3 -n | tail -1)
+            [ -n "$f" ] || continue
+            t=$((t + $(awk '/^totals:/ { print $2 }' "$f")))
+        done
+        echo "$t"
+    }
+    control() { # flag pid
+        local p
+        for p in "$2" $(pgrep -P "$2" || true); do callgrind_control "$1" "$p" >/dev/null 2>&1; done
+    }
+    counted() { # side proto requests: instructions over one run
+        local pid=${PID_OF[$1]}
+        control -z "$pid"
+        REQUESTS=$3 rate "${PORT_OF[$1]}" "$2" >/dev/null
+        control -d "$pid"
+        total "$pid"
+    }
+    SMALL=${SMALL:-$((CLIENTS * 20))}
+    rate "$NGX" h1 >/dev/null; rate "$GW" h1 >/dev/null
+    echo "## Ingress instructions per request: gateway vs nginx"
+    echo
+    echo '```'
+    echo "INSTRUCTIONS=1 bench/ingress.sh   # REQUESTS=$REQUESTS SMALL=$SMALL CLIENTS=$CLIENTS STREAMS=$STREAMS"
+    echo '```'
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(valgrind --version), callgrind; nginx $NGINX_WORKERS workers"
+    echo
+    echo "| protocol | nginx instructions per request | gateway instructions per request | gateway / nginx |"
+    echo "|---|---|---|---|"
+    for proto in h1 h2; do
+        declare -A I=()
+        for side in nginx gateway; do
+            small=$(counted "$side" "$proto" "$SMALL")
+            large=$(counted "$side" "$proto" "$REQUESTS")
+            I[$side]=$(( (large - small) / (REQUESTS - SMALL) ))
+        done
+        label=$([ "$proto" = h1 ] && echo "HTTP/1.1" || echo "HTTP/2")
+        echo "| $label | ${I[nginx]} | ${I[gateway]} | $(awk -v g="${I[gateway]}" -v n="${I[nginx]}" 'BEGIN { printf "%.2f", g / n }') |"
+    done
+    # DUMPS=<dir> keeps the dumps (the last of each process is its large
+    # HTTP/2 run) for callgrind_annotate.
+    if [ -n "${DUMPS:-}" ]; then mkdir -p "$DUMPS" && cp "$DIR"/callgrind.* "$DUMPS"/; fi
+    exit 0
+fi
 
 # Warm-up, then alternate sides.
 rate "$NGX" h2 >/dev/null; rate "$GW" h2 >/dev/null

@@ -20,6 +20,7 @@
 //! `listener/ingress.rs`) and falls back to the agent tunnel for
 //! `/spinlink.v1.Tunnel/` paths no location claims.
 
+mod client;
 pub mod from_nginx;
 pub mod proxy;
 pub mod tls;
@@ -140,6 +141,8 @@ pub struct Ingress {
 pub struct ConnInfo {
     /// The client (from the PROXY header when believed).
     pub remote: SocketAddr,
+    /// Its address as `$remote_addr` writes it.
+    pub remote_ip: Box<str>,
     /// The gateway's port.
     pub local_port: u16,
     /// The SNI name the client sent.
@@ -168,6 +171,7 @@ impl ConnInfo {
             .unwrap_or_default();
         Self {
             remote,
+            remote_ip: remote.ip().to_string().into(),
             local_port,
             sni,
             tls_server,
@@ -374,13 +378,15 @@ impl Ingress {
     /// Whether some location claims `(host, path)` — otherwise the listener
     /// may hand the request to the agent tunnel.
     pub fn claims(&self, req: &Request<Incoming>, conn: &ConnInfo) -> bool {
-        let server = &self.servers[self.server_for(req, conn)];
+        let host = request_host(req);
+        let server = &self.servers[self.server_for(host.as_deref(), conn)];
         select(&server.routes, req.uri().path()).is_some_and(|r| r.target.is_some())
     }
 
-    fn server_for(&self, req: &Request<Incoming>, conn: &ConnInfo) -> usize {
-        match request_host(req) {
-            Some(host) => self.find_server(&host).unwrap_or(self.default),
+    /// The server for a request naming `host` (its [`request_host`]).
+    fn server_for(&self, host: Option<&str>, conn: &ConnInfo) -> usize {
+        match host {
+            Some(host) => self.find_server(host).unwrap_or(self.default),
             None => conn
                 .sni
                 .as_deref()
@@ -392,7 +398,7 @@ impl Ingress {
     /// Serves one request.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let host = request_host(&req);
-        let si = self.server_for(&req, conn);
+        let si = self.server_for(host.as_deref(), conn);
         let server = &self.servers[si];
         // nginx refuses a request for another server than the one whose
         // client-certificate settings the handshake used (421).

@@ -21,11 +21,10 @@
 //! read timeout for the response head (504) and between body frames, and
 //! splices an HTTP/1.1 `Upgrade` (WebSocket) through once both sides agree.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -36,70 +35,40 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
 
 use tokio::time::Instant;
 
+use super::client::{BoxError, Connections, Dialer, ReqBody};
 use super::upstream_tls::UpstreamTls;
 use super::vars::{Template, Vars};
 use super::{Body, ConnInfo, error_page};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type ReqBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
-
 /// Most ring entries one server's `weight=` makes.
 const MAX_WEIGHT: u32 = 100;
-/// Idle pooled connections kept per upstream server.
-const POOL_IDLE_PER_HOST: usize = 32;
 
-/// An upstream pool and its client.
+/// An upstream pool and its connections.
 #[derive(Debug)]
 pub struct Pool {
     name: String,
-    /// Primaries in weighted order.
-    ring: Vec<SocketAddrOrName>,
-    backups: Vec<SocketAddrOrName>,
+    /// Each distinct server once.
+    servers: Vec<Server>,
+    /// Primaries in weighted order (indices into `servers`).
+    ring: Vec<usize>,
+    backups: Vec<usize>,
     next: AtomicUsize,
-    /// One client (and so one set of kept-alive connections) per worker,
-    /// and the last for any other thread: a request goes out on its
-    /// worker's own connections, as the agent path's streams do.
-    clients: Box<[UpstreamClient]>,
-    /// Passive health per distinct server.
-    health: HashMap<SocketAddrOrName, Health>,
+    dialer: Dialer,
+    /// Kept-alive connections per worker, and the last for any other
+    /// thread: a request goes out on its worker's own connections, as the
+    /// agent path's streams do.
+    connections: Box<[Connections]>,
 }
 
-/// The pooled client: clear text, or TLS to the pool's servers.
+/// One server: `host:port` as dialled, and its passive health.
 #[derive(Debug)]
-enum UpstreamClient {
-    Plain(Client<HttpConnector, ReqBody>),
-    Tls(Client<HttpsConnector<HttpConnector>, ReqBody>),
-}
-
-impl UpstreamClient {
-    fn scheme(&self) -> &'static str {
-        match self {
-            Self::Plain(_) => "http",
-            Self::Tls(_) => "https",
-        }
-    }
-
-    async fn request(
-        &self,
-        req: Request<ReqBody>,
-    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
-        match self {
-            Self::Plain(c) => c.request(req).await,
-            Self::Tls(c) => c.request(req).await,
-        }
-    }
-}
-
-/// One server's `max_fails` / `fail_timeout` state.
-#[derive(Debug)]
-struct Health {
+struct Server {
+    addr: String,
     max_fails: u32,
     fail_timeout: Duration,
     state: Mutex<HealthState>,
@@ -113,7 +82,7 @@ struct HealthState {
     down_until: Option<Instant>,
 }
 
-impl Health {
+impl Server {
     fn is_down(&self, now: Instant) -> bool {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.down_until.is_some_and(|t| now < t)
@@ -149,9 +118,6 @@ impl Health {
     }
 }
 
-/// `host:port` as the client dials it.
-type SocketAddrOrName = String;
-
 impl Pool {
     /// A pool of `servers` for a gateway with `workers` worker threads;
     /// `h2` speaks HTTP/2 with prior knowledge (h2c), or negotiated by ALPN
@@ -170,65 +136,50 @@ impl Pool {
                 format!("{}:{}", s.host, s.port)
             }
         };
+        let mut distinct: Vec<Server> = Vec::new();
         let mut ring = Vec::new();
         let mut backups = Vec::new();
-        let mut health = HashMap::new();
         for s in servers.iter().filter(|s| !s.down) {
-            health.entry(addr(s)).or_insert_with(|| Health {
-                max_fails: s.max_fails,
-                fail_timeout: Duration::from_millis(s.fail_timeout_ms),
-                state: Mutex::default(),
-            });
+            let a = addr(s);
+            let i = match distinct.iter().position(|d| d.addr == a) {
+                Some(i) => i,
+                None => {
+                    distinct.push(Server {
+                        addr: a,
+                        max_fails: s.max_fails,
+                        fail_timeout: Duration::from_millis(s.fail_timeout_ms),
+                        state: Mutex::default(),
+                    });
+                    distinct.len() - 1
+                }
+            };
             if s.backup {
-                backups.push(addr(s));
+                backups.push(i);
             } else {
                 for _ in 0..s.weight.clamp(1, MAX_WEIGHT) {
-                    ring.push(addr(s));
+                    ring.push(i);
                 }
             }
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(60)));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
-            .http2_only(h2);
-        let clients = match tls {
-            None => (0..=workers)
-                .map(|_| UpstreamClient::Plain(builder.build(connector.clone())))
-                .collect(),
-            Some(tls) => {
-                connector.enforce_http(false);
-                let https = HttpsConnectorBuilder::new()
-                    .with_tls_config(tls.config)
-                    .https_only()
-                    .with_server_name_resolver(FixedServerNameResolver::new(tls.name));
-                let https = if h2 {
-                    https.enable_http2().wrap_connector(connector)
-                } else {
-                    https.enable_http1().wrap_connector(connector)
-                };
-                (0..=workers)
-                    .map(|_| UpstreamClient::Tls(builder.build(https.clone())))
-                    .collect()
-            }
-        };
+        let connections = (0..=workers)
+            .map(|_| Connections::new(distinct.len()))
+            .collect();
         Self {
             name: name.to_owned(),
+            servers: distinct,
             ring,
             backups,
             next: AtomicUsize::new(0),
-            clients,
-            health,
+            dialer: Dialer::new(h2, tls),
+            connections,
         }
     }
 
-    /// The calling thread's client: its worker's own, or the shared one.
-    fn client(&self) -> &UpstreamClient {
-        let shared = self.clients.len() - 1;
-        let i = crate::workers::current().map_or(shared, |p| p.index.min(shared));
-        &self.clients[i]
+    /// The calling thread's connections: its worker's own, or the shared
+    /// ones (the last).
+    fn connections_index(&self) -> usize {
+        let shared = self.connections.len() - 1;
+        crate::workers::current().map_or(shared, |p| p.index.min(shared))
     }
 
     /// No server can be tried.
@@ -236,54 +187,53 @@ impl Pool {
         self.ring.is_empty() && self.backups.is_empty()
     }
 
-    /// Counts a failed attempt on `addr` (for `max_fails`).
-    fn failed(&self, addr: &str) {
-        if let Some(h) = self.health.get(addr)
-            && self.health.len() > 1
-            && h.failed(Instant::now())
-        {
+    /// Counts a failed attempt on server `i` (for `max_fails`); a pool of
+    /// one server never marks it down.
+    fn failed(&self, i: usize) {
+        let server = &self.servers[i];
+        if self.servers.len() > 1 && server.failed(Instant::now()) {
             tracing::warn!(
-                upstream = addr,
+                upstream = server.addr,
                 pool = self.name,
-                seconds = h.fail_timeout.as_secs_f64(),
+                seconds = server.fail_timeout.as_secs_f64(),
                 "upstream server marked down (max_fails reached)"
             );
         }
     }
 
-    /// Clears `addr`'s failures.
-    fn succeeded(&self, addr: &str) {
-        if let Some(h) = self.health.get(addr) {
-            h.succeeded();
+    /// Clears server `i`'s failures.
+    fn succeeded(&self, i: usize) {
+        if self.servers.len() > 1 {
+            self.servers[i].succeeded();
         }
     }
 
     /// Live servers in the order this request tries them.
-    fn order(&self) -> Vec<&str> {
+    fn order(&self) -> Vec<usize> {
         let now = Instant::now();
-        let live = |a: &&str| {
-            self.health.len() <= 1 || !self.health.get(*a).is_some_and(|h| h.is_down(now))
-        };
-        self.all_in_order().filter(live).collect()
+        let mut order = self.all_in_order();
+        if self.servers.len() > 1 {
+            order.retain(|&i| !self.servers[i].is_down(now));
+        }
+        order
     }
 
-    /// Servers in the order this request tries them.
-    fn all_in_order(&self) -> impl Iterator<Item = &str> {
+    /// Servers in the order this request tries them: the ring from the next
+    /// position, each server once, then the backups.
+    fn all_in_order(&self) -> Vec<usize> {
         let n = self.ring.len();
-        let start = if n == 0 {
-            0
-        } else {
-            self.next.fetch_add(1, Ordering::Relaxed) % n
-        };
-        let mut seen: Vec<&str> = Vec::new();
-        for i in 0..n {
-            let a = self.ring[(start + i) % n].as_str();
-            if !seen.contains(&a) {
-                seen.push(a);
+        let mut order = Vec::with_capacity(self.servers.len());
+        if n > 0 {
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            for i in 0..n {
+                let s = self.ring[(start + i) % n];
+                if !order.contains(&s) {
+                    order.push(s);
+                }
             }
         }
-        seen.into_iter()
-            .chain(self.backups.iter().map(String::as_str))
+        order.extend_from_slice(&self.backups);
+        order
     }
 }
 
@@ -291,7 +241,7 @@ impl Pool {
 #[derive(Debug)]
 pub struct Ctx<'a> {
     /// The pool.
-    pub pool: &'a Pool,
+    pub pool: &'a Arc<Pool>,
     /// gRPC (`grpc_pass`).
     pub grpc: bool,
     /// `proxy_pass`'s URI part.
@@ -323,6 +273,29 @@ const HOP: [HeaderName; 6] = [
     header::UPGRADE,
     header::TE,
 ];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Removes the [`HOP`] headers but those `keep` names: one pass over the
+/// names present, a removal only for each one found (most requests and
+/// answers carry none).
+fn remove_hop_by_hop(headers: &mut http::HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
+    let hop = HOP;
+    // Bit `i` set: `hop[i]` is present.
+    let mut found = 0u8;
+    for name in headers.keys() {
+        if let Some(i) = hop.iter().position(|h| h == name) {
+            found |= 1 << i;
+        }
+    }
+    for (i, h) in hop.iter().enumerate() {
+        if found & (1 << i) != 0 && !keep(h) {
+            headers.remove(h);
+        }
+    }
+}
 
 fn is_upgrade(version: Version, headers: &http::HeaderMap) -> bool {
     version <= Version::HTTP_11
@@ -369,7 +342,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     };
     let vars = Vars {
         host: ctx.host,
-        remote: ctx.conn.remote,
+        remote_ip: &ctx.conn.remote_ip,
+        remote_port: ctx.conn.remote.port(),
         scheme,
         server_name: ctx.server_name,
         server_port: ctx.conn.local_port,
@@ -382,21 +356,21 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     // The gateway always tells the upstream who asked (nginx only when
     // configured); a location's own setting below wins, so a default it
     // replaces is not worked out at all.
-    let location_sets = |name: &str| ctx.headers.iter().any(|(n, _)| n.as_str() == name);
+    let location_sets = |name: &HeaderName| ctx.headers.iter().any(|(n, _)| n == name);
     let forwarded = [
         (
-            "x-forwarded-for",
-            (!location_sets("x-forwarded-for"))
+            X_FORWARDED_FOR,
+            (!location_sets(&X_FORWARDED_FOR))
                 .then(|| HeaderValue::from_str(&super::vars::forwarded_for(&vars)).ok())
                 .flatten(),
         ),
         (
-            "x-forwarded-proto",
-            (!location_sets("x-forwarded-proto")).then(|| HeaderValue::from_static(scheme)),
+            X_FORWARDED_PROTO,
+            (!location_sets(&X_FORWARDED_PROTO)).then(|| HeaderValue::from_static(scheme)),
         ),
         (
-            "x-forwarded-host",
-            (!location_sets("x-forwarded-host"))
+            X_FORWARDED_HOST,
+            (!location_sets(&X_FORWARDED_HOST))
                 .then(|| HeaderValue::from_str(ctx.host).ok())
                 .flatten(),
         ),
@@ -414,17 +388,14 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         .collect();
     let content_length = parts.headers.contains_key(header::CONTENT_LENGTH);
     let mut headers = std::mem::take(&mut parts.headers);
-    for h in &HOP {
-        // gRPC needs `te: trailers`; an upgrade keeps its `Upgrade`.
-        let keep = (h == header::TE && ctx.grpc) || (h == header::UPGRADE && upgrade);
-        if !keep {
-            headers.remove(h);
-        }
-    }
+    // gRPC needs `te: trailers`; an upgrade keeps its `Upgrade`.
+    remove_hop_by_hop(&mut headers, |h| {
+        (h == header::TE && ctx.grpc) || (h == header::UPGRADE && upgrade)
+    });
     headers.remove(header::HOST);
     for (name, value) in forwarded {
         if let Some(v) = value {
-            headers.insert(HeaderName::from_static(name), v);
+            headers.insert(name, v);
         }
     }
     // nginx's default `Host: $proxy_host`, unless the location sets it.
@@ -466,23 +437,36 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     });
 
     let mut last_error = None;
-    let order = ctx.pool.order();
+    let pool = ctx.pool;
+    let order = pool.order();
     if order.is_empty() {
-        tracing::warn!(pool = ctx.pool.name, "no live upstreams");
+        tracing::warn!(pool = pool.name, "no live upstreams");
         return error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway");
     }
-    let client = ctx.pool.client();
-    let scheme = client.scheme();
     let Ok(path) = PathAndQuery::from_maybe_shared(path) else {
         return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
     };
+    let h2 = pool.dialer.is_h2();
+    let scheme = if pool.dialer.is_tls() {
+        "https"
+    } else {
+        "http"
+    };
+    let connections = pool.connections_index();
     let attempts = order.len();
-    for (attempt, addr) in order.into_iter().enumerate() {
-        let uri = Uri::builder()
-            .scheme(scheme)
-            .authority(addr)
-            .path_and_query(path.clone())
-            .build();
+    for (attempt, server) in order.into_iter().enumerate() {
+        let addr = pool.servers[server].addr.as_str();
+        // HTTP/1.1 names the path alone (origin form) and the server in
+        // `Host`; HTTP/2 carries scheme and authority as pseudo-headers.
+        let uri = if h2 {
+            Uri::builder()
+                .scheme(scheme)
+                .authority(addr)
+                .path_and_query(path.clone())
+                .build()
+        } else {
+            Ok(Uri::from(path.clone()))
+        };
         let Ok(uri) = uri else {
             return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
         };
@@ -502,21 +486,33 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         } else {
             std::mem::take(&mut headers)
         };
-        *up.version_mut() = if ctx.grpc {
+        if !h2
+            && !up.headers().contains_key(header::HOST)
+            && let Ok(h) = HeaderValue::from_str(addr)
+        {
+            // HTTP/1.1 needs one; a location that empties `Host` gets the
+            // server's address.
+            up.headers_mut().insert(header::HOST, h);
+        }
+        *up.version_mut() = if h2 {
             Version::HTTP_2
         } else {
             Version::HTTP_11
         };
-        let sent = tokio::time::timeout(ctx.read_timeout, client.request(up)).await;
+        let sent = tokio::time::timeout(
+            ctx.read_timeout,
+            pool.connections[connections].send(&pool.dialer, server, addr, up),
+        )
+        .await;
         match sent {
             Err(_) => {
                 tracing::info!(upstream = addr, "upstream timed out");
-                ctx.pool.failed(addr);
+                pool.failed(server);
                 return error_page(StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
             }
             Ok(Err(e)) if e.is_connect() && !has_body => {
                 tracing::info!(upstream = addr, error = %e, "upstream refused; trying the next");
-                ctx.pool.failed(addr);
+                pool.failed(server);
                 last_error = Some(e);
                 continue;
             }
@@ -530,7 +526,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     source = s.source();
                 }
                 if !too_large {
-                    ctx.pool.failed(addr);
+                    pool.failed(server);
                 }
                 return if too_large {
                     error_page(
@@ -541,8 +537,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
                 };
             }
-            Ok(Ok(mut resp)) => {
-                ctx.pool.succeeded(addr);
+            Ok(Ok((mut resp, sender))) => {
+                pool.succeeded(server);
                 if let Some(client_upgrade) = client_upgrade
                     && resp.status() == StatusCode::SWITCHING_PROTOCOLS
                 {
@@ -556,22 +552,36 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     );
                 }
                 let (mut parts, body) = resp.into_parts();
-                for h in &HOP {
-                    parts.headers.remove(h);
-                }
+                remove_hop_by_hop(&mut parts.headers, |_| false);
                 let body = Timed {
                     inner: body,
                     timeout: ctx.read_timeout,
                     sleep: None,
+                    ended: false,
+                    lease: sender.map(|sender| Lease {
+                        pool: pool.clone(),
+                        connections,
+                        server,
+                        sender,
+                    }),
                 };
                 return Response::from_parts(parts, Body::new(body));
             }
         }
     }
     if let Some(e) = last_error {
-        tracing::warn!(pool = ctx.pool.name, error = %e, "no upstream server answered");
+        tracing::warn!(pool = pool.name, error = %e, "no upstream server answered");
     }
     error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
+}
+
+/// An HTTP/1.1 upstream connection lent to one response: back to its
+/// worker's idle list when the body has been read to its end.
+struct Lease {
+    pool: Arc<Pool>,
+    connections: usize,
+    server: usize,
+    sender: http1::SendRequest<ReqBody>,
 }
 
 async fn splice(
@@ -636,11 +646,15 @@ impl http_body::Body for Limited {
 }
 
 /// An upstream response body that fails when the upstream sends nothing for
-/// the read timeout (nginx's `proxy_read_timeout` between two reads).
+/// the read timeout (nginx's `proxy_read_timeout` between two reads), and
+/// gives its connection back once read to the end.
 struct Timed {
     inner: Incoming,
     timeout: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The last frame has been read.
+    ended: bool,
+    lease: Option<Lease>,
 }
 
 impl http_body::Body for Timed {
@@ -653,6 +667,11 @@ impl http_body::Body for Timed {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             self.sleep = None;
+            self.ended |= match &frame {
+                None => true,
+                Some(Ok(f)) => f.is_trailers(),
+                Some(Err(_)) => false,
+            };
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let timeout = self.timeout;
@@ -672,9 +691,33 @@ impl http_body::Body for Timed {
     }
 }
 
+impl Drop for Timed {
+    fn drop(&mut self) {
+        // A body left unread keeps the connection busy: it goes with it.
+        if let Some(lease) = self.lease.take()
+            && (self.ended || self.inner.is_end_stream())
+        {
+            lease.pool.connections[lease.connections].put_h1(lease.server, lease.sender);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The addresses `order` names.
+    fn addrs(pool: &Pool, order: Vec<usize>) -> Vec<&str> {
+        order
+            .into_iter()
+            .map(|i| pool.servers[i].addr.as_str())
+            .collect()
+    }
+
+    /// The index of the server at `addr`.
+    fn at(pool: &Pool, addr: &str) -> usize {
+        pool.servers.iter().position(|s| s.addr == addr).unwrap()
+    }
 
     #[test]
     fn weighted_ring_then_backups_and_never_down() {
@@ -700,7 +743,10 @@ mod tests {
             1,
         );
         assert_eq!(pool.ring.len(), 3);
-        assert_eq!(pool.order(), ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        assert_eq!(
+            addrs(&pool, pool.order()),
+            ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        );
     }
 
     fn server(port: u16, max_fails: u32) -> spinlink_nginx_compat::UpstreamServer {
@@ -719,11 +765,11 @@ mod tests {
     async fn max_fails_within_fail_timeout_marks_a_server_down_for_fail_timeout() {
         let pool = Pool::new("p", &[server(1, 2), server(2, 2)], false, None, 1);
         fn both(pool: &Pool) -> Vec<&str> {
-            let mut o = pool.order();
+            let mut o = addrs(pool, pool.order());
             o.sort_unstable();
             o
         }
-        pool.failed("127.0.0.1:1");
+        pool.failed(at(&pool, "127.0.0.1:1"));
         assert_eq!(
             both(&pool),
             ["127.0.0.1:1", "127.0.0.1:2"],
@@ -731,57 +777,216 @@ mod tests {
         );
         // The second failure comes after the window: the count starts over.
         tokio::time::advance(Duration::from_secs(11)).await;
-        pool.failed("127.0.0.1:1");
+        pool.failed(at(&pool, "127.0.0.1:1"));
         assert_eq!(both(&pool).len(), 2);
-        pool.failed("127.0.0.1:1");
-        assert_eq!(pool.order(), ["127.0.0.1:2"], "two within 10 s: down");
+        pool.failed(at(&pool, "127.0.0.1:1"));
+        assert_eq!(
+            addrs(&pool, pool.order()),
+            ["127.0.0.1:2"],
+            "two within 10 s: down"
+        );
         tokio::time::advance(Duration::from_secs(9)).await;
-        assert_eq!(pool.order(), ["127.0.0.1:2"]);
+        assert_eq!(addrs(&pool, pool.order()), ["127.0.0.1:2"]);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(both(&pool).len(), 2, "back after fail_timeout");
         // A success clears the count.
-        pool.failed("127.0.0.1:2");
-        pool.succeeded("127.0.0.1:2");
-        pool.failed("127.0.0.1:2");
+        pool.failed(at(&pool, "127.0.0.1:2"));
+        pool.succeeded(at(&pool, "127.0.0.1:2"));
+        pool.failed(at(&pool, "127.0.0.1:2"));
         assert_eq!(both(&pool).len(), 2);
         // Every server down: nothing to try.
-        pool.failed("127.0.0.1:2");
-        pool.failed("127.0.0.1:1");
-        pool.failed("127.0.0.1:1");
+        pool.failed(at(&pool, "127.0.0.1:2"));
+        pool.failed(at(&pool, "127.0.0.1:1"));
+        pool.failed(at(&pool, "127.0.0.1:1"));
         assert!(pool.order().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_server_or_max_fails_zero_is_never_marked_down() {
         let lone = Pool::new("p", &[server(1, 1)], false, None, 1);
-        lone.failed("127.0.0.1:1");
-        lone.failed("127.0.0.1:1");
-        assert_eq!(lone.order(), ["127.0.0.1:1"]);
+        lone.failed(at(&lone, "127.0.0.1:1"));
+        lone.failed(at(&lone, "127.0.0.1:1"));
+        assert_eq!(addrs(&lone, lone.order()), ["127.0.0.1:1"]);
         let zero = Pool::new("p", &[server(1, 0), server(2, 1)], false, None, 1);
         for _ in 0..5 {
-            zero.failed("127.0.0.1:1");
+            zero.failed(at(&zero, "127.0.0.1:1"));
         }
-        assert!(zero.order().contains(&"127.0.0.1:1"));
+        assert!(addrs(&zero, zero.order()).contains(&"127.0.0.1:1"));
     }
 
-    /// Each worker sends on a client of its own (its own kept-alive
-    /// connections); any other thread on the shared one.
+    /// Each worker sends on connections of its own; any other thread on
+    /// the shared ones.
     #[tokio::test]
-    async fn each_worker_has_its_own_client() {
-        use std::sync::Arc;
+    async fn each_worker_has_its_own_connections() {
         let workers = crate::workers::Workers::start(2).unwrap();
         let pool = Arc::new(Pool::new("p", &[server(1, 1)], false, None, 2));
-        assert_eq!(pool.clients.len(), 3);
-        let index_of = |c: &UpstreamClient| pool.clients.iter().position(|x| std::ptr::eq(x, c));
-        assert_eq!(index_of(pool.client()), Some(2));
+        assert_eq!(pool.connections.len(), 3);
+        assert_eq!(pool.connections_index(), 2);
         for w in 0..2 {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let p = pool.clone();
             workers.spawners().spawn(w, async move {
-                let c: *const UpstreamClient = p.client();
-                let _ = tx.send(p.clients.iter().position(|x| std::ptr::eq(x, c)));
+                let _ = tx.send(p.connections_index());
             });
-            assert_eq!(rx.await.unwrap(), Some(w));
+            assert_eq!(rx.await.unwrap(), w);
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_go_but_those_kept_and_the_rest_stay() {
+        let mut headers = http::HeaderMap::new();
+        for h in HOP {
+            headers.append(h.clone(), HeaderValue::from_static("a"));
+            headers.append(h, HeaderValue::from_static("b"));
+        }
+        headers.insert("x-end", HeaderValue::from_static("1"));
+        headers.insert(header::HOST, HeaderValue::from_static("h"));
+        let mut all = headers.clone();
+        remove_hop_by_hop(&mut all, |_| false);
+        let names = |m: &http::HeaderMap| {
+            let mut n: Vec<_> = m.keys().map(|k| k.as_str().to_owned()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&all), ["host", "x-end"]);
+        remove_hop_by_hop(&mut headers, |h| h == header::TE);
+        assert_eq!(names(&headers), ["host", "te", "x-end"]);
+        assert_eq!(
+            headers.get_all(header::TE).iter().count(),
+            2,
+            "both values kept"
+        );
+        let mut none = http::HeaderMap::new();
+        none.insert("x-end", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut none, |_| false);
+        assert_eq!(names(&none), ["x-end"]);
+    }
+
+    /// A raw HTTP/1.1 upstream: `ok` to every request, except `/stall`,
+    /// which gets two bytes of a ten-byte body and then nothing. Counts the
+    /// connections it accepted; closes each after its first answer unless
+    /// `keep_alive`.
+    async fn counting_upstream(keep_alive: bool) -> (String, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = tcp.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        let Ok(n) = s.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&buf[..n]);
+                        let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let stall = head.starts_with(b"GET /stall ");
+                        head.drain(..end + 4);
+                        if stall {
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab")
+                                .await;
+                            std::future::pending::<()>().await;
+                        }
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                        if !keep_alive {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// One request through the pool's shared connections, its body wrapped
+    /// as `forward` wraps it.
+    async fn get(pool: &Arc<Pool>, path: &str) -> Timed {
+        let addr = pool.servers[0].addr.clone();
+        let req = Request::get(path)
+            .header(header::HOST, "up.test")
+            .body(
+                http_body_util::Empty::new()
+                    .map_err(Into::into)
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let connections = pool.connections_index();
+        let (resp, sender) = pool.connections[connections]
+            .send(&pool.dialer, 0, &addr, req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        Timed {
+            inner: resp.into_body(),
+            timeout: Duration::from_secs(10),
+            sleep: None,
+            ended: false,
+            lease: sender.map(|sender| Lease {
+                pool: pool.clone(),
+                connections,
+                server: 0,
+                sender,
+            }),
+        }
+    }
+
+    fn upstream_pool(addr: &str) -> Arc<Pool> {
+        let (host, port) = addr.rsplit_once(':').unwrap();
+        let mut s = server(port.parse().unwrap(), 1);
+        s.host = host.into();
+        Arc::new(Pool::new("up", &[s], false, None, 1))
+    }
+
+    #[tokio::test]
+    async fn a_connection_read_to_its_end_is_reused() {
+        let (addr, accepted) = counting_upstream(true).await;
+        let pool = upstream_pool(&addr);
+        let shared = pool.connections_index();
+        for _ in 0..3 {
+            let body = get(&pool, "/").await.collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
+            assert_eq!(pool.connections[shared].idle_h1(0), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for all");
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_unread_takes_its_connection_along() {
+        let (addr, accepted) = counting_upstream(true).await;
+        let pool = upstream_pool(&addr);
+        let shared = pool.connections_index();
+        let mut stalled = get(&pool, "/stall").await;
+        let first = stalled.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"ab");
+        drop(stalled);
+        assert_eq!(pool.connections[shared].idle_h1(0), 0, "not reusable");
+        let body = get(&pool, "/").await.collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_not_reused() {
+        let (addr, accepted) = counting_upstream(false).await;
+        let pool = upstream_pool(&addr);
+        for i in 1..=3 {
+            let body = get(&pool, "/").await.collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
+            // Time for the connection's task to see the server's close.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(accepted.load(Ordering::SeqCst), i);
         }
     }
 }

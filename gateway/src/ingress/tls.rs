@@ -40,11 +40,11 @@ pub enum ClientVerify {
 
 impl ClientVerify {
     /// nginx's `$ssl_client_verify` text.
-    pub fn as_nginx(&self) -> String {
+    pub fn as_nginx(&self) -> std::borrow::Cow<'static, str> {
         match self {
-            Self::None => "NONE".to_owned(),
-            Self::Success => "SUCCESS".to_owned(),
-            Self::Failed(reason) => format!("FAILED:{reason}"),
+            Self::None => "NONE".into(),
+            Self::Success => "SUCCESS".into(),
+            Self::Failed(reason) => format!("FAILED:{reason}").into(),
         }
     }
 }

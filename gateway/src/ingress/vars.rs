@@ -2,16 +2,17 @@
 //! compiled once at load time ([`Template::compile`], an unknown variable is
 //! a configuration error), expanded per request ([`Template::expand`]).
 
-use std::net::SocketAddr;
-
 /// One request's facts that variables read.
 #[derive(Debug)]
 pub struct Vars<'a> {
     /// `$host`: the request's host name (lowercase, no port), or the server's
     /// first name when the request named none.
     pub host: &'a str,
-    /// The client's address (from the PROXY header when one was believed).
-    pub remote: SocketAddr,
+    /// The client's address as text (from the PROXY header when one was
+    /// believed), written once per connection.
+    pub remote_ip: &'a str,
+    /// The client's port.
+    pub remote_port: u16,
     /// `$scheme`.
     pub scheme: &'a str,
     /// `$server_name`: the selected server's first name.
@@ -143,18 +144,16 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
     };
     match var {
         Var::Host => out.push_str(v.host),
-        Var::RemoteAddr => {
-            let _ = write!(out, "{}", v.remote.ip());
-        }
+        Var::RemoteAddr => out.push_str(v.remote_ip),
         Var::RemotePort => {
-            let _ = write!(out, "{}", v.remote.port());
+            let _ = write!(out, "{}", v.remote_port);
         }
         Var::ProxyAddXForwardedFor => {
             // nginx joins several incoming X-Forwarded-For lines with ", ".
             if header("x-forwarded-for", ", ", out) > 0 {
                 out.push_str(", ");
             }
-            let _ = write!(out, "{}", v.remote.ip());
+            out.push_str(v.remote_ip);
         }
         Var::Scheme => out.push_str(v.scheme),
         Var::ServerName => out.push_str(v.server_name),
@@ -224,7 +223,8 @@ mod tests {
         let req = parts("/a/b?x=1", &["1.1.1.1", "2.2.2.2"]);
         let v = Vars {
             host: "api.example.com",
-            remote: "203.0.113.9:4000".parse().unwrap(),
+            remote_ip: "203.0.113.9",
+            remote_port: 4000,
             scheme: "https",
             server_name: "api.example.com",
             server_port: 443,
