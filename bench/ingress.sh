@@ -104,13 +104,13 @@ UNDER=()
 NGINX_UNDER=()
 if [ -n "${INSTRUCTIONS:-}" ]; then
     command -v callgrind_control >/dev/null || { echo "missing: valgrind" >&2; exit 1; }
-    UNDER=(valgrind --tool=callgrind --trace-children=yes --dump-instr=no
+    UNDER=(valgrind -q --tool=callgrind --trace-children=yes --dump-instr=no
         "--callgrind-out-file=$DIR/callgrind.%p")
     NGINX_UNDER=(-g "user root;")
 fi
 "$NGINX" -p "$DIR" -c "$DIR/app.conf" & PIDS+=($!)
-"${UNDER[@]}" "$NGINX" -p "$DIR" -c "$DIR/nginx.conf" "${NGINX_UNDER[@]}" 2>>"$DIR/valgrind.log" & PIDS+=($!)
-SPINLINK_LOG=warn "${UNDER[@]}" "$SPINLINK" gateway --nginx-config "$DIR/gateway.conf" >/dev/null 2>>"$DIR/valgrind.log" & PIDS+=($!)
+"${UNDER[@]}" "$NGINX" -p "$DIR" -c "$DIR/nginx.conf" "${NGINX_UNDER[@]}" & PIDS+=($!)
+SPINLINK_LOG=warn "${UNDER[@]}" "$SPINLINK" gateway --nginx-config "$DIR/gateway.conf" >/dev/null & PIDS+=($!)
 wait_port "$APP"; wait_port "$NGX"; wait_port "$GW"
 
 # One h2load run; prints requests per second.
