@@ -606,21 +606,25 @@ fn select<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
 
 /// The host a request names: HTTP/2 `:authority`, else `Host`; without the
 /// port, lowercase.
-fn request_host(req: &Request<Incoming>) -> Option<String> {
+fn request_host<B>(req: &Request<B>) -> Option<String> {
     let raw = match req.uri().authority() {
-        Some(a) => a.host().to_owned(),
+        Some(a) => a.host(),
         None => {
             let h = req.headers().get(http::header::HOST)?.to_str().ok()?;
             let h = h.trim();
-            if let Some(rest) = h.strip_prefix('[') {
-                format!("[{}]", rest.split(']').next().unwrap_or(""))
-            } else {
-                h.split(':').next().unwrap_or("").to_owned()
+            match h.strip_prefix('[') {
+                // An IPv6 literal keeps its brackets (one is added where it
+                // was left open) and drops the port.
+                Some(rest) => {
+                    let literal = rest.split(']').next().unwrap_or("");
+                    return Some(format!("[{}]", literal.to_ascii_lowercase()));
+                }
+                None => h.split(':').next().unwrap_or(""),
             }
         }
     };
-    let raw = raw.trim_end_matches('.').to_ascii_lowercase();
-    (!raw.is_empty()).then_some(raw)
+    let raw = raw.trim_end_matches('.');
+    (!raw.is_empty()).then(|| raw.to_ascii_lowercase())
 }
 
 /// An error response shaped like nginx's built-in pages.

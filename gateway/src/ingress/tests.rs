@@ -891,3 +891,29 @@ server {{
 
     running.stop().await;
 }
+
+/// The host a request names, as server selection and `$host` read it.
+#[test]
+fn the_request_host_is_the_name_without_port_or_trailing_dot_in_lowercase() {
+    let by_host = |h: &str| {
+        let req = Request::get("/").header("host", h).body(()).unwrap();
+        super::request_host(&req)
+    };
+    assert_eq!(by_host("App.Test:8443").as_deref(), Some("app.test"));
+    assert_eq!(by_host(" app.test. ").as_deref(), Some("app.test"));
+    assert_eq!(by_host("[::1]:8443").as_deref(), Some("[::1]"));
+    assert_eq!(by_host("[FE80::1").as_deref(), Some("[fe80::1]"));
+    assert_eq!(by_host(":8443"), None);
+    assert_eq!(by_host("."), None);
+    let req = Request::get("https://API.test./x")
+        .header("host", "other.test")
+        .body(())
+        .unwrap();
+    assert_eq!(
+        super::request_host(&req).as_deref(),
+        Some("api.test"),
+        "the authority wins"
+    );
+    let req = Request::get("/").body(()).unwrap();
+    assert_eq!(super::request_host(&req), None);
+}

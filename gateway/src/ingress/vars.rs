@@ -42,8 +42,9 @@ enum Var {
     RequestMethod,
     SslClientEscapedCert,
     SslClientVerify,
-    /// `$http_<name>`, the name lowercased with `_` as `-`.
-    Http(String),
+    /// `$http_<name>`, the name lowercased with `_` as `-` (`None`: not a
+    /// name a header can have, so always empty).
+    Http(Option<http::HeaderName>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +72,10 @@ fn var(name: &str) -> Option<Var> {
         "request_method" => Var::RequestMethod,
         "ssl_client_escaped_cert" => Var::SslClientEscapedCert,
         "ssl_client_verify" => Var::SslClientVerify,
-        other => Var::Http(other.strip_prefix("http_")?.replace('_', "-")),
+        other => {
+            let name = other.strip_prefix("http_")?.replace('_', "-");
+            Var::Http(http::HeaderName::from_bytes(name.as_bytes()).ok())
+        }
     })
 }
 
@@ -130,7 +134,7 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
     use std::fmt::Write as _;
     // Written straight into `out`: no string per value, no list per header.
     // How many values it wrote (an empty one counts).
-    let header = |name: &str, sep: &str, out: &mut String| -> usize {
+    let header = |name: &http::HeaderName, sep: &str, out: &mut String| -> usize {
         let values = v.req.headers.get_all(name).iter();
         let mut n = 0;
         for value in values.filter_map(|h| h.to_str().ok()) {
@@ -150,7 +154,9 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
         }
         Var::ProxyAddXForwardedFor => {
             // nginx joins several incoming X-Forwarded-For lines with ", ".
-            if header("x-forwarded-for", ", ", out) > 0 {
+            const X_FORWARDED_FOR: http::HeaderName =
+                http::HeaderName::from_static("x-forwarded-for");
+            if header(&X_FORWARDED_FOR, ", ", out) > 0 {
                 out.push_str(", ");
             }
             out.push_str(v.remote_ip);
@@ -166,11 +172,16 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
         Var::RequestMethod => out.push_str(v.req.method.as_str()),
         Var::SslClientEscapedCert => out.push_str(v.client_cert_escaped),
         Var::SslClientVerify => out.push_str(v.client_verify),
-        Var::Http(name) => {
+        Var::Http(Some(name)) => {
             // nginx joins repeated headers with ", " (cookies with "; ").
-            let sep = if name == "cookie" { "; " } else { ", " };
+            let sep = if name == http::header::COOKIE {
+                "; "
+            } else {
+                ", "
+            };
             header(name, sep, out);
         }
+        Var::Http(None) => {}
     }
 }
 
