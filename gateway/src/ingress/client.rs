@@ -8,8 +8,8 @@
 //!
 //! HTTP/1.1: a connection carries one request at a time. It goes back to
 //! its worker's idle list when the response body has been read to its end
-//! ([`Lease`], dropped with the body); a body dropped early takes the
-//! connection with it (hyper closes it). Idle connections are taken newest
+//! (the proxy's lease on it is dropped with the body); a body dropped early
+//! takes the connection with it (hyper closes it). Idle connections are taken newest
 //! first; one idle longer than [`IDLE_TIMEOUT`] or closed by the server is
 //! dropped, and at most [`MAX_IDLE`] wait per server and worker.
 //!

@@ -2,8 +2,9 @@
 //!
 //! [`Pool`] holds an `upstream` block's servers (weights as repetition in a
 //! round-robin ring, `backup` servers tried after every primary, `down` ones
-//! never) and a pooled hyper client: HTTP/1.1 for `proxy_pass http://`, h2c
-//! with prior knowledge for `grpc_pass grpc://`. A server that refuses the
+//! never) and each worker's kept-alive connections to them
+//! (`ingress/client.rs`): HTTP/1.1 for `proxy_pass http://`, h2c with prior
+//! knowledge for `grpc_pass grpc://`. A server that refuses the
 //! connection is skipped for the next one when the request has no body to
 //! replay (nginx's `proxy_next_upstream error`). `proxy_pass https://` and
 //! `grpc_pass grpcs://` pools speak TLS ([`super::upstream_tls`]).
