@@ -39,10 +39,10 @@ pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(super) type ReqBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
 
 /// Idle connections kept per upstream server and worker.
-pub(super) const MAX_IDLE: usize = 32;
+const MAX_IDLE: usize = 32;
 /// How long an idle connection is reused: nginx's upstream
 /// `keepalive_timeout` default.
-pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// nginx's `proxy_connect_timeout` default.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -157,7 +157,7 @@ enum Sender {
 
 /// One worker's connections to one server.
 #[derive(Debug, Default)]
-pub(super) struct Idle {
+struct Idle {
     /// HTTP/1.1 connections between requests, oldest first, with when
     /// each was put back.
     h1: Vec<(http1::SendRequest<ReqBody>, Instant)>,
@@ -220,6 +220,16 @@ impl Connections {
     #[cfg(test)]
     pub(super) fn idle_h1(&self, server: usize) -> usize {
         self.idle(server).h1.len()
+    }
+
+    /// How many of them the server has not closed.
+    #[cfg(test)]
+    pub(super) fn idle_h1_open(&self, server: usize) -> usize {
+        self.idle(server)
+            .h1
+            .iter()
+            .filter(|(s, _)| !s.is_closed())
+            .count()
     }
 
     /// Sends `req` to server `server` at `addr`, on an idle connection or a

@@ -982,11 +982,19 @@ mod tests {
     async fn a_connection_the_server_closed_is_not_reused() {
         let (addr, accepted) = counting_upstream(false).await;
         let pool = upstream_pool(&addr);
+        let shared = pool.connections_index();
         for i in 1..=3 {
             let body = get(&pool, "/").await.collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], b"ok");
-            // Time for the connection's task to see the server's close.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Until the connection's task has seen the server's close (it
+            // may have before the body ended: then it was not put back).
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while pool.connections[shared].idle_h1_open(0) > 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the server's close seen");
             assert_eq!(accepted.load(Ordering::SeqCst), i);
         }
     }

@@ -892,7 +892,12 @@ server {{
     running.stop().await;
 }
 
-/// The host a request names, as server selection and `$host` read it.
+/// The host a request names, as server selection and `$host` read it. The
+/// oracle is nginx's `ngx_http_validate_host` (src/http/ngx_http_request.c):
+/// the name before the port (an IPv6 literal with its brackets), one
+/// trailing dot dropped, lowercase. Where nginx declines a host (`:8443`,
+/// `.`: nothing left) it answers 400; the gateway has no name and picks the
+/// server by SNI or the default.
 #[test]
 fn the_request_host_is_the_name_without_port_or_trailing_dot_in_lowercase() {
     let by_host = |h: &str| {
@@ -902,7 +907,7 @@ fn the_request_host_is_the_name_without_port_or_trailing_dot_in_lowercase() {
     assert_eq!(by_host("App.Test:8443").as_deref(), Some("app.test"));
     assert_eq!(by_host(" app.test. ").as_deref(), Some("app.test"));
     assert_eq!(by_host("[::1]:8443").as_deref(), Some("[::1]"));
-    assert_eq!(by_host("[FE80::1").as_deref(), Some("[fe80::1]"));
+    assert_eq!(by_host("[FE80::1]").as_deref(), Some("[fe80::1]"));
     assert_eq!(by_host(":8443"), None);
     assert_eq!(by_host("."), None);
     let req = Request::get("https://API.test./x")
