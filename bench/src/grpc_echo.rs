@@ -80,6 +80,23 @@ fn alias(mut req: Request<Incoming>) -> Request<Incoming> {
     req
 }
 
+/// The arguments of `spinlink-bench` that start this backend
+/// (`grpc-proxy echo`) with scratch directory `dir` and the dev PKI in `pki`.
+pub fn args<'a>(
+    dir: &'a std::path::Path,
+    pki: &'a std::path::Path,
+) -> anyhow::Result<[&'a str; 6]> {
+    let path = crate::grpc_peers::path;
+    Ok([
+        "--dir",
+        path(dir)?,
+        "grpc-proxy",
+        "echo",
+        "--pki",
+        path(pki)?,
+    ])
+}
+
 /// Serves HTTP/2 connections from `listener`, over TLS when `tls` is given
 /// (h2c otherwise), until the process ends.
 pub async fn serve(listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {

@@ -465,10 +465,12 @@ impl Front {
             ),
         };
         // No front keeps an access log (nginx: `access_log off`; HAProxy and
-        // Envoy log no requests unless told to): the gateway's, one line
-        // per carried stream, is turned off the same way.
+        // Envoy log no requests unless told to), and every front logs
+        // warnings and worse: nginx's `error_log … warn` leaves out its
+        // per-connection `info` lines, so the gateway's (an agent
+        // connection's end) are left out the same way.
         let env: &[(&str, &str)] = match kind {
-            Kind::Gateway => &[("SPINLINK_LOG", "info,spinlink_gateway::access=off")],
+            Kind::Gateway => &[("SPINLINK_LOG", "warn")],
             _ => &[],
         };
         let mut proc = PeerProc::start(program, &args, env, &log)?;

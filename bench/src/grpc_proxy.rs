@@ -82,19 +82,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let pki = DevPki::ensure(&opts.dir.join("pki"), &[crate::grpc_wire::AGENT_ID])?;
     let dir = &opts.dir;
     let me = std::env::current_exe()?;
-    let mut echo = Proc::start(
-        &me,
-        "echo",
-        dir,
-        &[
-            "--dir",
-            path(dir)?,
-            "grpc-proxy",
-            "echo",
-            "--pki",
-            path(&pki.dir)?,
-        ],
-    )?;
+    let mut echo = Proc::start(&me, "echo", dir, &crate::grpc_echo::args(dir, &pki.dir)?)?;
     let echo_h2c: SocketAddr = echo
         .wait_line("listening: echo-h2c ", peers::START_WAIT)?
         .parse()?;

@@ -170,14 +170,7 @@ pub fn run(opts: &Options, r: &mut Report) -> anyhow::Result<()> {
     let pki = DevPki::ensure(&opts.dir.join("pki"), &agents)?;
     let dir = &opts.dir;
     let me = std::env::current_exe()?;
-    let pki_dir = peers::path(&pki.dir)?;
-    let dir_arg = peers::path(dir)?;
-    let mut echo = Proc::start(
-        &me,
-        "echo",
-        dir,
-        &["--dir", dir_arg, "grpc-proxy", "echo", "--pki", pki_dir],
-    )?;
+    let mut echo = Proc::start(&me, "echo", dir, &crate::grpc_echo::args(dir, &pki.dir)?)?;
     let echo_h2c: SocketAddr = echo
         .wait_line("listening: echo-h2c ", peers::START_WAIT)?
         .parse()?;

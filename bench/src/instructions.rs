@@ -60,6 +60,12 @@ pub struct Args {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 200)]
     payload: usize,
+    /// New mTLS connections counted per round (0 skips the measure).
+    #[arg(long, default_value_t = 200)]
+    handshakes: usize,
+    /// Concurrent connect loops while they are counted.
+    #[arg(long, default_value_t = 4)]
+    handshake_concurrency: usize,
     /// The valgrind binary.
     #[arg(long, default_value = "valgrind")]
     valgrind: PathBuf,
@@ -67,7 +73,8 @@ pub struct Args {
 
 /// A front running under callgrind.
 struct Counted {
-    front: Front,
+    /// Its first process.
+    pid: u32,
     /// Where its dumps go: `<prefix>.<pid>.<part>`.
     prefix: PathBuf,
 }
@@ -76,7 +83,7 @@ impl Counted {
     /// Every process of the front (nginx's workers are forks of its master,
     /// each counted by its own callgrind).
     fn pids(&self) -> Vec<u32> {
-        peers::process_tree(self.front.pid())
+        peers::process_tree(self.pid)
     }
 
     /// Zeroes the counters of every process of the front.
@@ -155,19 +162,7 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
     crate::grpc_proxy::raise_nofile();
     let pki = DevPki::ensure(&dir.join("pki"), &[crate::grpc_wire::AGENT_ID])?;
     let me = std::env::current_exe()?;
-    let mut echo = Proc::start(
-        &me,
-        "echo",
-        &dir,
-        &[
-            "--dir",
-            path(&dir)?,
-            "grpc-proxy",
-            "echo",
-            "--pki",
-            path(&pki.dir)?,
-        ],
-    )?;
+    let mut echo = Proc::start(&me, "echo", &dir, &crate::grpc_echo::args(&dir, &pki.dir)?)?;
     let echo_h2c: std::net::SocketAddr = echo
         .wait_line("listening: echo-h2c ", peers::START_WAIT)?
         .parse()?;
@@ -182,9 +177,9 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
     let conns = args.conns.max(1);
     let bidi_count = (args.bidi_streams * args.bidi_messages).max(1);
     let unary_count = (args.unary_inflight * args.unary_requests).max(1);
-    // Per front, in the order measured: bidi per message and unary per
-    // request, one entry per round.
-    let mut per: Vec<(&'static str, Vec<f64>, Vec<f64>)> = Vec::new();
+    // Per front, in the order measured: bidi per message, unary per
+    // request and per new connection, one entry per round.
+    let mut per: Vec<Counts> = Vec::new();
     let mut versions = Vec::new();
     for (kind, bin) in args.peers.fronts(&spinlink) {
         let name = kind.name();
@@ -203,9 +198,12 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
         if kind != Kind::Gateway {
             versions.push(front.version.clone());
         }
-        let counted = Counted { front, prefix };
-        let dialer = Dialer::new(&pki, counted.front.addr, kind == Kind::Gateway)?;
-        let (mut bidis, mut unaries) = (Vec::new(), Vec::new());
+        let counted = Counted {
+            pid: front.pid(),
+            prefix,
+        };
+        let dialer = Dialer::new(&pki, front.addr, kind == Kind::Gateway)?;
+        let (mut bidis, mut unaries, mut conns_new) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..runs {
             let b = rt
                 .block_on(bidi(
@@ -229,13 +227,30 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
                 ))
                 .with_context(|| format!("{name}: unary"))?;
             let u = u as f64 / unary_count as f64;
-            eprintln!("  round {round}: {name} {b:.0} per bidi msg, {u:.0} per unary req");
+            let h = handshakes_counted(&rt, &dialer, &counted, &args)
+                .with_context(|| format!("{name}: handshakes"))?;
+            eprintln!(
+                "  round {round}: {name} {b:.0} per bidi msg, {u:.0} per unary req, {} per new connection",
+                h.map_or("–".into(), |h| format!("{h:.0}"))
+            );
             bidis.push(b);
             unaries.push(u);
+            conns_new.extend(h);
         }
-        per.push((name, bidis, unaries));
+        per.push(Counts {
+            name,
+            bidi: bidis,
+            unary: unaries,
+            handshake: conns_new,
+        });
     }
     drop(echo);
+    if args.handshakes > 0 {
+        // The backend itself, as `grpc-proxy run`'s `direct`: a hyper server
+        // on tokio-rustls with the same certificates, whose handshakes the
+        // gateway's are held against.
+        per.push(direct(&args, &rt, &me, &pki, &dir, &valgrind, runs)?);
+    }
 
     r.line(format!(
         "- counter: {version}, `--tool=callgrind` (instructions executed in user space, every thread and process of the front; the kernel's share is not in it)"
@@ -249,31 +264,121 @@ pub fn run(args: Args, spinlink: PathBuf, dir: PathBuf, r: &mut Report) -> anyho
         args.bidi_streams, args.bidi_messages, args.unary_inflight, args.unary_requests, args.payload
     ));
     r.line("");
-    r.line(
-        "| front | instructions per bidi msg | per unary req | ×HAProxy bidi | ×HAProxy unary | spread between rounds |",
-    );
-    r.line("|---|---|---|---|---|---|");
-    let reference = per
-        .iter()
-        .find(|(name, ..)| *name == Kind::Haproxy.name())
-        .map(|(_, b, u)| (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u)));
-    for (name, b, u) in &per {
-        let (mb, mu) = (crate::grpc_proxy::median(b), crate::grpc_proxy::median(u));
-        let ratio =
-            |x: f64, of: Option<f64>| of.map_or("–".into(), |of| format!("{:.2}", x / of));
+    if args.handshakes > 0 {
         r.line(format!(
-            "| {name} | {mb:.0} | {mu:.0} | {} | {} | {:.1} % / {:.1} % |",
-            ratio(mb, reference.map(|r| r.0)),
-            ratio(mu, reference.map(|r| r.1)),
-            spread(b),
-            spread(u),
+            "- new connections: {} counted per round, {} concurrent loops of connect + TLS 1.3 mTLS + HTTP/2 prefaces (until the server's SETTINGS arrive) + close, as `grpc-proxy run`'s handshake measure; `direct` is the echo backend's own TLS port (hyper on tokio-rustls), counted the same way",
+            args.handshakes,
+            args.handshake_concurrency.max(1)
+        ));
+    }
+    r.line("");
+    r.line(
+        "| front | instructions per bidi msg | per unary req | per new mTLS conn | ×HAProxy bidi | ×HAProxy unary | ×direct new conn | spread between rounds |",
+    );
+    r.line("|---|---|---|---|---|---|---|---|");
+    let med = |v: &[f64]| (!v.is_empty()).then(|| crate::grpc_proxy::median(v));
+    let haproxy = per.iter().find(|c| c.name == Kind::Haproxy.name());
+    let direct = per.iter().find(|c| c.name == DIRECT);
+    let ratio = |x: Option<f64>, of: Option<f64>| match (x, of) {
+        (Some(x), Some(of)) if of > 0.0 => format!("{:.2}", x / of),
+        _ => "–".into(),
+    };
+    let count = |x: Option<f64>| x.map_or("–".into(), |x| format!("{x:.0}"));
+    for c in &per {
+        let (b, u, h) = (med(&c.bidi), med(&c.unary), med(&c.handshake));
+        r.line(format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} % / {:.1} % / {:.1} % |",
+            c.name,
+            count(b),
+            count(u),
+            count(h),
+            ratio(b, haproxy.and_then(|p| med(&p.bidi))),
+            ratio(u, haproxy.and_then(|p| med(&p.unary))),
+            ratio(h, direct.and_then(|p| med(&p.handshake))),
+            spread(&c.bidi),
+            spread(&c.unary),
+            spread(&c.handshake),
         ));
     }
     Ok(())
 }
 
-/// (max − min) / min of `v`, in percent.
+/// The row name of the backend counted on its own.
+const DIRECT: &str = "direct";
+
+/// One front's counts, one entry per round (empty: not measured).
+struct Counts {
+    name: &'static str,
+    bidi: Vec<f64>,
+    unary: Vec<f64>,
+    handshake: Vec<f64>,
+}
+
+/// Instructions per new connection on `front` (`None` when the measure is
+/// off).
+fn handshakes_counted(
+    rt: &tokio::runtime::Runtime,
+    dialer: &Dialer,
+    front: &Counted,
+    args: &Args,
+) -> anyhow::Result<Option<f64>> {
+    if args.handshakes == 0 {
+        return Ok(None);
+    }
+    let total = rt.block_on(handshakes(
+        dialer,
+        front,
+        args.handshakes,
+        args.handshake_concurrency.max(1),
+    ))?;
+    Ok(Some(total as f64 / args.handshakes as f64))
+}
+
+/// Counts the echo backend's own TLS port under callgrind: handshakes only
+/// (its bidi and unary work is the backend's, not a front's).
+fn direct(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    me: &Path,
+    pki: &DevPki,
+    dir: &Path,
+    valgrind: &str,
+    runs: usize,
+) -> anyhow::Result<Counts> {
+    let prefix = dir.join(format!("callgrind.{DIRECT}"));
+    let out_file = format!("--callgrind-out-file={}.%p", path(&prefix)?);
+    eprintln!("{DIRECT}: starting under callgrind");
+    let mut command = vec!["--tool=callgrind", &out_file, path(me)?];
+    command.extend(crate::grpc_echo::args(dir, &pki.dir)?);
+    let mut echo = Proc::start(Path::new(valgrind), DIRECT, dir, &command)?;
+    let tls: std::net::SocketAddr = echo
+        .wait_line("listening: echo-tls ", START_WAIT)?
+        .parse()?;
+    let counted = Counted {
+        pid: echo.pid(),
+        prefix,
+    };
+    let dialer = Dialer::new(pki, tls, false)?;
+    let mut handshake = Vec::with_capacity(runs);
+    for round in 0..runs {
+        let h = handshakes_counted(rt, &dialer, &counted, args)?.context("handshakes measured")?;
+        eprintln!("  round {round}: {DIRECT} {h:.0} per new connection");
+        handshake.push(h);
+    }
+    drop(echo);
+    Ok(Counts {
+        name: DIRECT,
+        bidi: Vec::new(),
+        unary: Vec::new(),
+        handshake,
+    })
+}
+
+/// (max − min) / min of `v`, in percent (0 for none).
 fn spread(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
     let min = v.iter().copied().fold(f64::INFINITY, f64::min);
     let max = v.iter().copied().fold(0.0, f64::max);
     if min > 0.0 {
@@ -328,6 +433,36 @@ async fn bidi(
     drop(done);
     drop(cs);
     Ok(total)
+}
+
+/// Opens a few connections first (so lazily built state exists), then
+/// counts the front's instructions over `count` new connections made by
+/// `concurrency` loops, each closed once the server's SETTINGS arrive.
+async fn handshakes(
+    d: &Dialer,
+    front: &Counted,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<u64> {
+    for _ in 0..concurrency {
+        d.handshake().await?;
+    }
+    tokio::task::block_in_place(|| front.zero())?;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let (d, next) = (d.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                d.handshake().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    tokio::task::block_in_place(|| front.dump())
 }
 
 /// Opens `conns` connections and makes one request on each, then counts the
