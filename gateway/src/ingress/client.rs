@@ -18,12 +18,21 @@
 //!
 //! A reused connection can turn out closed only when the request is handed
 //! to it; hyper gives an unsent request back, and it goes to the next idle
-//! connection or a new one. A new connection's failure is the answer.
+//! connection or a new one. One that took the request and then failed
+//! before answering (the server closed or reset it: its idle timeout met
+//! the request on the wire) costs the request only if it cannot be sent
+//! again: a request without a body whose method is not POST, PATCH or LOCK
+//! goes to the next connection, as nginx repeats a request whose cached
+//! connection failed (`ngx_http_upstream_next`: `u->peer.cached` with
+//! `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try, and a request already
+//! sent with a non-idempotent method is not repeated). A new connection's
+//! failure is the answer.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{Method, Request, Response};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -256,6 +265,9 @@ impl Connections {
                 // HTTP/2 front moves each request's future when it spawns it.
                 None => (Box::pin(dialer.dial(addr)).await?, false),
             };
+            // What is sent again should this kept-alive connection fail
+            // under the request.
+            let mut again = None;
             let attempt = match sender {
                 Sender::H1(mut sender) => {
                     if sender.ready().await.is_err() {
@@ -263,6 +275,9 @@ impl Connections {
                             continue;
                         }
                         return Err(SendError::Connect("connection closed at once".into()));
+                    }
+                    if reused {
+                        again = repeatable(&req);
                     }
                     sender
                         .try_send_request(req)
@@ -285,12 +300,64 @@ impl Connections {
             };
             match attempt {
                 Ok(answer) => return Ok(answer),
-                Err(mut e) => match e.take_message() {
+                Err(mut e) => match (e.take_message(), again) {
                     // Not sent: the connection had closed under it.
-                    Some(unsent) if reused => req = unsent,
+                    (Some(unsent), _) if reused => req = unsent,
+                    (None, Some(head)) if connection_failed(e.error()) => {
+                        tracing::debug!(
+                            upstream = addr,
+                            error = %e.error(),
+                            "kept-alive upstream connection failed under a request; sending it again"
+                        );
+                        req = head.map(|()| empty_body());
+                    }
                     _ => return Err(e.into_error().into()),
                 },
             }
         }
     }
+}
+
+/// A copy of `req` to send again if its connection fails before answering,
+/// when it can be sent again: no body, and not a method nginx counts as
+/// non-idempotent (POST, PATCH, LOCK).
+fn repeatable(req: &Request<ReqBody>) -> Option<Request<()>> {
+    let method = req.method();
+    if *method == Method::POST
+        || *method == Method::PATCH
+        || method.as_str() == "LOCK"
+        || !req.body().is_end_stream()
+    {
+        return None;
+    }
+    let mut head = Request::new(());
+    *head.method_mut() = method.clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    Some(head)
+}
+
+/// Whether `e` says the connection failed (closed before the answer came,
+/// reset, or any other I/O error), not that the answer was unreadable.
+fn connection_failed(e: &hyper::Error) -> bool {
+    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The body of a request sent again: it had none.
+fn empty_body() -> ReqBody {
+    use http_body_util::BodyExt as _;
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }

@@ -6,7 +6,9 @@
 //! (`ingress/client.rs`): HTTP/1.1 for `proxy_pass http://`, h2c with prior
 //! knowledge for `grpc_pass grpc://`. A server that refuses the
 //! connection is skipped for the next one when the request has no body to
-//! replay (nginx's `proxy_next_upstream error`). `proxy_pass https://` and
+//! replay (nginx's `proxy_next_upstream error`); a request a kept-alive
+//! connection failed under is sent again on the next connection when it
+//! can be (`ingress/client.rs`). `proxy_pass https://` and
 //! `grpc_pass grpcs://` pools speak TLS ([`super::upstream_tls`]).
 //!
 //! Passive health as nginx's `max_fails` / `fail_timeout`: a server that
@@ -706,6 +708,7 @@ impl Drop for Timed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Method;
 
     /// The addresses `order` names.
     fn addrs(pool: &Pool, order: Vec<usize>) -> Vec<&str> {
@@ -911,25 +914,99 @@ mod tests {
         (addr, accepted)
     }
 
-    /// One request through the pool's shared connections, its body wrapped
-    /// as `forward` wraps it.
-    async fn get(pool: &Arc<Pool>, path: &str) -> Timed {
-        let addr = pool.servers[0].addr.clone();
-        let req = Request::get(path)
-            .header(header::HOST, "up.test")
+    /// A raw HTTP/1.1 upstream that answers `ok` to the first request on
+    /// each connection and keeps it open, then reads the next request
+    /// whole and closes the connection without answering: an idle timeout
+    /// meeting a request on the wire. Logs (connection, request line) of
+    /// every request it read.
+    async fn closing_upstream() -> (String, Arc<Mutex<Vec<(usize, String)>>>) {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap().to_string();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let seen = log.clone();
+        tokio::spawn(async move {
+            let mut conns = 0;
+            while let Ok((s, _)) = tcp.accept().await {
+                conns += 1;
+                let (conn, seen) = (conns, seen.clone());
+                tokio::spawn(async move {
+                    let mut s = tokio::io::BufReader::new(s);
+                    for n in 0.. {
+                        let (mut first, mut length) = (String::new(), 0);
+                        loop {
+                            let mut line = String::new();
+                            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            if first.is_empty() {
+                                first = line.trim_end().to_owned();
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        s.read_exact(&mut body).await.unwrap();
+                        seen.lock().unwrap().push((conn, first));
+                        if n > 0 {
+                            return;
+                        }
+                        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        (addr, log)
+    }
+
+    /// `method path` with `body` through the pool's shared connections: the
+    /// answer's status, its body read to the end.
+    async fn request(
+        pool: &Arc<Pool>,
+        method: Method,
+        path: &str,
+        body: &'static [u8],
+    ) -> Result<StatusCode, super::super::client::SendError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "up.test");
+        if !body.is_empty() {
+            req = req.header(header::CONTENT_LENGTH, body.len());
+        }
+        let req = req
             .body(
-                http_body_util::Empty::new()
+                http_body_util::Full::new(Bytes::from_static(body))
                     .map_err(Into::into)
                     .boxed_unsync(),
             )
             .unwrap();
+        let (status, body) = lent(pool, req).await?;
+        body.collect().await.unwrap();
+        Ok(status)
+    }
+
+    /// `req` through the pool's shared connections: the answer's status and
+    /// its body wrapped as `forward` wraps it, the connection lent to it.
+    async fn lent(
+        pool: &Arc<Pool>,
+        req: Request<ReqBody>,
+    ) -> Result<(StatusCode, Timed), super::super::client::SendError> {
+        let addr = pool.servers[0].addr.clone();
         let connections = pool.connections_index();
         let (resp, sender) = pool.connections[connections]
             .send(&pool.dialer, 0, &addr, req)
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        Timed {
+            .await?;
+        let status = resp.status();
+        let body = Timed {
             inner: resp.into_body(),
             timeout: Duration::from_secs(10),
             sleep: None,
@@ -940,7 +1017,93 @@ mod tests {
                 server: 0,
                 sender,
             }),
+        };
+        Ok((status, body))
+    }
+
+    /// nginx sends a request again when its cached (kept-alive) connection
+    /// fails under it, unless the request was sent with a method it counts
+    /// as non-idempotent (`ngx_http_upstream_next` in
+    /// src/http/ngx_http_upstream.c: `u->peer.cached && ft_type ==
+    /// NGX_HTTP_UPSTREAM_FT_ERROR` adds a try; POST, LOCK and PATCH once
+    /// sent are `NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT`, not in the default
+    /// `proxy_next_upstream error timeout`). nginx 1.22.1 with `keepalive`
+    /// in front of this upstream answers 200 to a GET and a DELETE on the
+    /// failing connection (each seen twice upstream) and 502 to a POST.
+    #[tokio::test]
+    async fn a_request_a_kept_alive_connection_failed_under_is_sent_again() {
+        let (addr, log) = closing_upstream().await;
+        let pool = upstream_pool(&addr);
+        for (method, path) in [
+            (Method::GET, "/one"),
+            (Method::GET, "/two"),
+            (Method::DELETE, "/three"),
+        ] {
+            assert_eq!(
+                request(&pool, method, path, b"").await.unwrap(),
+                StatusCode::OK,
+                "{path}"
+            );
         }
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                (1, "GET /one HTTP/1.1".to_owned()),
+                (1, "GET /two HTTP/1.1".to_owned()),
+                (2, "GET /two HTTP/1.1".to_owned()),
+                (2, "DELETE /three HTTP/1.1".to_owned()),
+                (3, "DELETE /three HTTP/1.1".to_owned()),
+            ]
+        );
+    }
+
+    /// What cannot be sent again is not: a POST (as nginx), and a request
+    /// with a body, which the gateway streams instead of buffering (nginx,
+    /// buffering it, would send a PUT's body again: docs/ingress.md).
+    #[tokio::test]
+    async fn a_post_or_a_body_is_not_sent_again_on_a_failed_connection() {
+        let (addr, log) = closing_upstream().await;
+        let pool = upstream_pool(&addr);
+        for (method, path, body) in [
+            (Method::POST, "/post", &b""[..]),
+            (Method::PUT, "/put", &b"body"[..]),
+            (Method::PATCH, "/patch", &b""[..]),
+        ] {
+            log.lock().unwrap().clear();
+            assert_eq!(
+                request(&pool, Method::GET, "/first", b"").await.unwrap(),
+                StatusCode::OK
+            );
+            let e = request(&pool, method.clone(), path, body)
+                .await
+                .unwrap_err();
+            assert!(!e.is_connect(), "{method}: {e}");
+            let seen: Vec<String> = log.lock().unwrap().iter().map(|(_, l)| l.clone()).collect();
+            assert_eq!(
+                seen,
+                [
+                    "GET /first HTTP/1.1".to_owned(),
+                    format!("{method} {path} HTTP/1.1")
+                ],
+                "{method} sent once"
+            );
+        }
+    }
+
+    /// One request through the pool's shared connections, its body wrapped
+    /// as `forward` wraps it.
+    async fn get(pool: &Arc<Pool>, path: &str) -> Timed {
+        let req = Request::get(path)
+            .header(header::HOST, "up.test")
+            .body(
+                http_body_util::Empty::new()
+                    .map_err(Into::into)
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let (status, body) = lent(pool, req).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        body
     }
 
     fn upstream_pool(addr: &str) -> Arc<Pool> {
