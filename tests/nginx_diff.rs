@@ -6,8 +6,10 @@
 //! HTTP/1.1 echo server that also takes WebSocket-style upgrades, and an h2c
 //! gRPC echo server). The same requests go to both — HTTP/1.1 and HTTP/2, gRPC
 //! unary and bidi, accepted, missing and refused client certificates, unknown
-//! host and path, oversized bodies — and the outcomes (status, selected
-//! headers, bodies) must be equal. Differences that remain by design are in
+//! host and path, oversized bodies, an upstream whose kept-alive connections
+//! fail under their second request — and the outcomes (status, selected
+//! headers, bodies; for that upstream, also the requests it saw on each of
+//! its connections) must be equal. Differences that remain by design are in
 //! docs/ingress.md; error pages are compared by status (their footers name
 //! the server). Skipped with a note when nginx is not installed.
 
@@ -42,6 +44,7 @@ fn nginx_conf(
     echo: SocketAddr,
     echo_tls: SocketAddr,
     grpc: SocketAddr,
+    closing: SocketAddr,
 ) -> String {
     let d = dir.display();
     format!(
@@ -67,6 +70,7 @@ http {{
     upstream gate {{ server 127.0.0.1:1 down; server {echo}; }}
     upstream agents {{ server {grpc}; }}
     upstream deck_tls {{ server {echo_tls}; }}
+    upstream closing {{ server {closing}; keepalive 8; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -94,6 +98,10 @@ http {{
             proxy_ssl_verify on;
             proxy_ssl_trusted_certificate {d}/upstream-ca.crt;
             proxy_ssl_name other.internal;
+        }}
+        location /closing/ {{
+            proxy_pass http://closing;
+            proxy_set_header Connection "";
         }}
         location /ws {{
             proxy_pass http://deck;
@@ -137,6 +145,27 @@ http {{
 }
 
 // ---------------------------------------------------------------- upstreams
+
+/// The statuses of `requests` (method, path; no body) sent one after
+/// another over one HTTP/1.1 connection to the UI server.
+async fn in_sequence(addr: SocketAddr, requests: &[(&str, &str)]) -> Vec<u16> {
+    let io = TokioIo::new(tls(addr, "deck.test", false, None).await);
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut statuses = Vec::new();
+    for (method, path) in requests {
+        let req = Request::builder()
+            .method(*method)
+            .uri(*path)
+            .header("host", "deck.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        statuses.push(resp.status().as_u16());
+        resp.into_body().collect().await.unwrap();
+    }
+    statuses
+}
 
 /// The HTTP/1.1 echo over TLS, presenting `dir/upstream.crt`.
 async fn echo_tls_server(dir: &Path) -> SocketAddr {
@@ -748,17 +777,21 @@ async fn nginx_and_the_gateway_answer_alike() {
     let echo = echo_server().await;
     let echo_tls = echo_tls_server(d).await;
     let grpc_addr = grpc_server().await;
+    // One each, so each front's requests are logged apart.
+    let (nginx_closing, nginx_closing_log) =
+        spinlink_gateway::test_support::closing_upstream().await;
+    let (gw_closing, gw_closing_log) = spinlink_gateway::test_support::closing_upstream().await;
     let (nginx_port, gw_port) = (free_port(), free_port());
     let nginx_conf_path: PathBuf = d.join("nginx.conf");
     std::fs::write(
         &nginx_conf_path,
-        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr),
+        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr, nginx_closing),
     )
     .unwrap();
     let gw_conf_path: PathBuf = d.join("gateway-nginx.conf");
     std::fs::write(
         &gw_conf_path,
-        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr),
+        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr, gw_closing),
     )
     .unwrap();
 
@@ -935,6 +968,36 @@ async fn nginx_and_the_gateway_answer_alike() {
         } else {
             eprintln!("same: {name}: {} {:?}", n.status, n.body);
         }
+    }
+    // An upstream whose kept-alive connections fail under their second
+    // request: what each front answers over one client connection, and
+    // what the upstream saw, connection by connection.
+    let exchange = [
+        ("GET", "/closing/a"),
+        ("GET", "/closing/b"),
+        ("POST", "/closing/c"),
+        ("GET", "/closing/d"),
+        ("DELETE", "/closing/e"),
+    ];
+    let n = (
+        in_sequence(nginx_addr, &exchange).await,
+        nginx_closing_log.lock().unwrap().clone(),
+    );
+    let g = (
+        in_sequence(gw_addr, &exchange).await,
+        gw_closing_log.lock().unwrap().clone(),
+    );
+    assert!(
+        n.1.len() > exchange.len(),
+        "nginx sent no request twice: the case tests nothing ({:?})",
+        n.1
+    );
+    if n != g {
+        differences.push(format!(
+            "kept-alive connection failing:\n  nginx:   {n:?}\n  gateway: {g:?}"
+        ));
+    } else {
+        eprintln!("same: kept-alive connection failing: {:?}", n.0);
     }
     let (n, g) = (upgrade(nginx_addr).await, upgrade(gw_addr).await);
     if n != g {

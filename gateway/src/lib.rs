@@ -37,6 +37,8 @@ pub mod listener;
 pub mod reload;
 pub mod route;
 pub mod stats;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod tls;
 pub mod token;
 pub mod tunnel;

@@ -914,59 +914,6 @@ mod tests {
         (addr, accepted)
     }
 
-    /// A raw HTTP/1.1 upstream that answers `ok` to the first request on
-    /// each connection and keeps it open, then reads the next request
-    /// whole and closes the connection without answering: an idle timeout
-    /// meeting a request on the wire. Logs (connection, request line) of
-    /// every request it read.
-    async fn closing_upstream() -> (String, Arc<Mutex<Vec<(usize, String)>>>) {
-        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = tcp.local_addr().unwrap().to_string();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let seen = log.clone();
-        tokio::spawn(async move {
-            let mut conns = 0;
-            while let Ok((s, _)) = tcp.accept().await {
-                conns += 1;
-                let (conn, seen) = (conns, seen.clone());
-                tokio::spawn(async move {
-                    let mut s = tokio::io::BufReader::new(s);
-                    for n in 0.. {
-                        let (mut first, mut length) = (String::new(), 0);
-                        loop {
-                            let mut line = String::new();
-                            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if let Some(v) =
-                                line.to_ascii_lowercase().strip_prefix("content-length:")
-                            {
-                                length = v.trim().parse().unwrap();
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                            if first.is_empty() {
-                                first = line.trim_end().to_owned();
-                            }
-                        }
-                        let mut body = vec![0; length];
-                        s.read_exact(&mut body).await.unwrap();
-                        seen.lock().unwrap().push((conn, first));
-                        if n > 0 {
-                            return;
-                        }
-                        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                            .await
-                            .unwrap();
-                    }
-                });
-            }
-        });
-        (addr, log)
-    }
-
     /// `method path` with `body` through the pool's shared connections: the
     /// answer's status, its body read to the end.
     async fn request(
@@ -1032,8 +979,8 @@ mod tests {
     /// failing connection (each seen twice upstream) and 502 to a POST.
     #[tokio::test]
     async fn a_request_a_kept_alive_connection_failed_under_is_sent_again() {
-        let (addr, log) = closing_upstream().await;
-        let pool = upstream_pool(&addr);
+        let (addr, log) = crate::test_support::closing_upstream().await;
+        let pool = upstream_pool(&addr.to_string());
         for (method, path) in [
             (Method::GET, "/one"),
             (Method::GET, "/two"),
@@ -1062,8 +1009,8 @@ mod tests {
     /// buffering it, would send a PUT's body again: docs/ingress.md).
     #[tokio::test]
     async fn a_post_or_a_body_is_not_sent_again_on_a_failed_connection() {
-        let (addr, log) = closing_upstream().await;
-        let pool = upstream_pool(&addr);
+        let (addr, log) = crate::test_support::closing_upstream().await;
+        let pool = upstream_pool(&addr.to_string());
         for (method, path, body) in [
             (Method::POST, "/post", &b""[..]),
             (Method::PUT, "/put", &b"body"[..]),

@@ -1,0 +1,71 @@
+//! Stand-ins shared by the gateway's tests and other crates' (feature
+//! `test-support`, which only dev-dependencies turn on).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+/// What an upstream stand-in saw: (its connection, counted from 1; the
+/// request line) of each request it read, in order.
+pub type RequestLog = Arc<Mutex<Vec<(usize, String)>>>;
+
+/// A raw HTTP/1.1 upstream on loopback that answers `ok` to the first
+/// request on each connection and keeps the connection open, then reads
+/// the next request whole and closes the connection without answering: an
+/// idle timeout meeting a request on the wire. Serves until the runtime
+/// ends.
+pub async fn closing_upstream() -> (SocketAddr, RequestLog) {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding a loopback port");
+    let addr = tcp.local_addr().expect("bound address");
+    let log = RequestLog::default();
+    let seen = log.clone();
+    tokio::spawn(async move {
+        let mut conns = 0;
+        while let Ok((s, _)) = tcp.accept().await {
+            conns += 1;
+            tokio::spawn(serve(s, conns, seen.clone()));
+        }
+    });
+    (addr, log)
+}
+
+/// One connection of [`closing_upstream`].
+async fn serve(s: tokio::net::TcpStream, conn: usize, seen: RequestLog) {
+    let mut s = tokio::io::BufReader::new(s);
+    for n in 0.. {
+        let (mut first, mut length) = (String::new(), 0);
+        loop {
+            let mut line = String::new();
+            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                let Ok(v) = v.trim().parse() else { return };
+                length = v;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if first.is_empty() {
+                first = line.trim_end().to_owned();
+            }
+        }
+        let mut body = vec![0; length];
+        if s.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((conn, first));
+        if n > 0
+            || s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .is_err()
+        {
+            return;
+        }
+    }
+}
