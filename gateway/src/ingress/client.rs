@@ -9,9 +9,10 @@
 //! HTTP/1.1: a connection carries one request at a time. It goes back to
 //! its worker's idle list when the response body has been read to its end
 //! (the proxy's lease on it is dropped with the body); a body dropped early
-//! takes the connection with it (hyper closes it). Idle connections are taken newest
-//! first; one idle longer than [`IDLE_TIMEOUT`] or closed by the server is
-//! dropped, and at most [`MAX_IDLE`] wait per server and worker.
+//! takes the connection with it (hyper closes it). Idle connections are
+//! taken newest first; one idle longer than [`IDLE_TIMEOUT`] or closed by
+//! the server is dropped, and at most [`MAX_IDLE`] wait per server and
+//! worker.
 //!
 //! HTTP/2 (`grpc_pass`): one connection per server and worker carries every
 //! stream, redialled once it closes.
@@ -22,11 +23,14 @@
 //! before answering (the server closed or reset it: its idle timeout met
 //! the request on the wire) costs the request only if it cannot be sent
 //! again: a request without a body whose method is not POST, PATCH or LOCK
-//! goes to the next connection, as nginx repeats a request whose cached
-//! connection failed (`ngx_http_upstream_next`: `u->peer.cached` with
-//! `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try, and a request already
-//! sent with a non-idempotent method is not repeated). A new connection's
-//! failure is the answer.
+//! is sent again, once, on a new connection, as nginx repeats a request
+//! whose cached connection failed (`ngx_http_upstream_next`:
+//! `u->peer.cached` with `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try,
+//! and a request already sent with a non-idempotent method is not
+//! repeated). nginx may walk through its other cached connections first;
+//! the gateway does not, so a request the server fails on (or closes the
+//! connection for) reaches it at most twice, not once per idle connection.
+//! A new connection's failure is the answer.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -251,10 +255,17 @@ impl Connections {
         addr: &str,
         mut req: Request<ReqBody>,
     ) -> Result<(Response<Incoming>, Option<http1::SendRequest<ReqBody>>), SendError> {
+        // Set once the request reached a kept-alive connection that failed
+        // under it: it is sent again once, on a new connection, so a
+        // request the server fails on reaches it at most twice whatever
+        // the idle list holds.
+        let mut sent_once = false;
         loop {
             let reused = if dialer.h2 {
                 let shared = self.idle(server).h2.clone().filter(|s| !s.is_closed());
                 shared.map(Sender::H2)
+            } else if sent_once {
+                None
             } else {
                 self.take_h1(server).map(Sender::H1)
             };
@@ -310,6 +321,7 @@ impl Connections {
                             "kept-alive upstream connection failed under a request; sending it again"
                         );
                         req = head.map(|()| empty_body());
+                        sent_once = true;
                     }
                     _ => return Err(e.into_error().into()),
                 },

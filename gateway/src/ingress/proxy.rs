@@ -7,8 +7,8 @@
 //! knowledge for `grpc_pass grpc://`. A server that refuses the
 //! connection is skipped for the next one when the request has no body to
 //! replay (nginx's `proxy_next_upstream error`); a request a kept-alive
-//! connection failed under is sent again on the next connection when it
-//! can be (`ingress/client.rs`). `proxy_pass https://` and
+//! connection failed under is sent again, once, on a new connection when
+//! it can be (`ingress/client.rs`). `proxy_pass https://` and
 //! `grpc_pass grpcs://` pools speak TLS ([`super::upstream_tls`]).
 //!
 //! Passive health as nginx's `max_fails` / `fail_timeout`: a server that
@@ -45,7 +45,7 @@ use tokio::time::Instant;
 
 use super::client::{BoxError, Connections, Dialer, ReqBody};
 use super::upstream_tls::UpstreamTls;
-use super::vars::{Template, Vars};
+use super::vars::{Template, Vars, X_FORWARDED_FOR};
 use super::{Body, ConnInfo, error_page};
 
 /// Most ring entries one server's `weight=` makes.
@@ -277,7 +277,6 @@ const HOP: [HeaderName; 6] = [
     header::TE,
 ];
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
@@ -1002,6 +1001,38 @@ mod tests {
                 (3, "DELETE /three HTTP/1.1".to_owned()),
             ]
         );
+    }
+
+    /// A request the server fails on reaches it at most twice, however many
+    /// kept-alive connections wait: a client cannot make the gateway send
+    /// one request once per idle connection.
+    #[tokio::test]
+    async fn a_request_is_sent_again_once_on_a_new_connection() {
+        let (addr, log) = crate::test_support::closing_upstream().await;
+        let pool = upstream_pool(&addr.to_string());
+        let shared = pool.connections_index();
+        // Three answers held at once: three connections, then all idle.
+        let held = [
+            get(&pool, "/a").await,
+            get(&pool, "/b").await,
+            get(&pool, "/c").await,
+        ];
+        for body in held {
+            body.collect().await.unwrap();
+        }
+        assert_eq!(pool.connections[shared].idle_h1(0), 3);
+        assert_eq!(
+            request(&pool, Method::GET, "/x", b"").await.unwrap(),
+            StatusCode::OK
+        );
+        let sent: Vec<usize> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, line)| line.starts_with("GET /x "))
+            .map(|(conn, _)| *conn)
+            .collect();
+        assert_eq!(sent, [3, 4], "once on the newest idle, once on a new one");
     }
 
     /// What cannot be sent again is not: a POST (as nginx), and a request

@@ -2,6 +2,11 @@
 //! compiled once at load time ([`Template::compile`], an unknown variable is
 //! a configuration error), expanded per request ([`Template::expand`]).
 
+/// `X-Forwarded-For`: read by `$proxy_add_x_forwarded_for`, and set by the
+/// proxy when a location does not.
+pub(super) const X_FORWARDED_FOR: http::HeaderName =
+    http::HeaderName::from_static("x-forwarded-for");
+
 /// One request's facts that variables read.
 #[derive(Debug)]
 pub struct Vars<'a> {
@@ -154,8 +159,6 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
         }
         Var::ProxyAddXForwardedFor => {
             // nginx joins several incoming X-Forwarded-For lines with ", ".
-            const X_FORWARDED_FOR: http::HeaderName =
-                http::HeaderName::from_static("x-forwarded-for");
             if header(&X_FORWARDED_FOR, ", ", out) > 0 {
                 out.push_str(", ");
             }
