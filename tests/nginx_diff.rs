@@ -160,7 +160,15 @@ async fn in_sequence(addr: SocketAddr, requests: &[(&str, &str)]) -> Vec<u16> {
             .header("host", "deck.test")
             .body(Full::new(Bytes::new()))
             .unwrap();
-        let resp = send.send_request(req).await.unwrap();
+        // The connection takes the next request only once it has seen the
+        // last answer's end: without waiting, a send can race that.
+        send.ready()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} to {addr} after {statuses:?}: {e}"));
+        let resp = send
+            .send_request(req)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path} to {addr} after {statuses:?}: {e}"));
         statuses.push(resp.status().as_u16());
         resp.into_body().collect().await.unwrap();
     }
