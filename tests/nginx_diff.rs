@@ -7,11 +7,14 @@
 //! gRPC echo server). The same requests go to both — HTTP/1.1 and HTTP/2, gRPC
 //! unary and bidi, accepted, missing and refused client certificates, unknown
 //! host and path, oversized bodies, an upstream whose kept-alive connections
-//! fail under their second request — and the outcomes (status, selected
-//! headers, bodies; for that upstream, also the requests it saw on each of
-//! its connections) must be equal. Differences that remain by design are in
-//! docs/ingress.md; error pages are compared by status (their footers name
-//! the server). Skipped with a note when nginx is not installed.
+//! fail under their second request, upstream answers framed every way
+//! ([`RAW_ANSWERS`]) — and the outcomes (status, selected headers, bodies;
+//! for that upstream, also the requests it saw on each of its connections)
+//! must be equal. Differences that remain by design are in docs/ingress.md
+//! (those in answers' framing are [`RAW_DIVERGENT`], where the gateway's
+//! own status is checked); error pages are compared by status (their
+//! footers name the server). Skipped with a note when nginx is not
+//! installed.
 
 mod support;
 
@@ -37,6 +40,81 @@ const NGINX: &str = "/usr/sbin/nginx";
 /// The client address every connection's PROXY header names.
 const CLIENT_IP: &str = "203.0.113.7";
 
+/// The answers the raw upstream gives, by path: the ways an HTTP/1.1
+/// answer can be framed, well and badly.
+const RAW_ANSWERS: &[(&str, &[u8])] = &[
+    ("/raw/length", b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"),
+    (
+        "/raw/chunked",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;x=y\r\nhel\r\n2\r\nlo\r\n0\r\nx-trailer: 1\r\n\r\n",
+    ),
+    ("/raw/until-close", b"HTTP/1.1 200 OK\r\n\r\nhello"),
+    ("/raw/http10", b"HTTP/1.0 200 OK\r\ncontent-length: 5\r\n\r\nhello"),
+    (
+        "/raw/interim",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+    ),
+    (
+        "/raw/length-and-chunked",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ),
+    (
+        "/raw/gzip-encoded",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nhello",
+    ),
+    (
+        "/raw/differing-lengths",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello",
+    ),
+    ("/raw/no-content", b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\nhello"),
+    (
+        "/raw/http10-chunked",
+        b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ),
+    ("/raw/garbage", b"SSH-2.0-OpenSSH_9.2\r\n\r\n"),
+    ("/raw/nothing", b""),
+];
+
+/// Where the gateway answers a client otherwise than nginx 1.22.1 for one
+/// of [`RAW_ANSWERS`], on purpose (docs/ingress.md): the path, over HTTP/2
+/// to the client or not (`None`: both), the gateway's status, and why.
+const RAW_DIVERGENT: &[(&str, Option<bool>, u16, &str)] = &[
+    (
+        "/raw/differing-lengths",
+        None,
+        502,
+        "nginx 1.22.1 takes one of the lengths and cuts the body short; the gateway refuses the answer",
+    ),
+    (
+        "/raw/garbage",
+        None,
+        502,
+        "nginx reads an answer without a status line as HTTP/0.9 and passes its bytes on as they are, which the client cannot read; the gateway refuses it",
+    ),
+    (
+        "/raw/interim",
+        Some(true),
+        200,
+        "nginx 1.22.1 fails an HTTP/2 client's request whose upstream sent 100 Continue first (HTTP/1.1 clients get the final answer); the gateway skips it for both",
+    ),
+];
+
+/// The gateway's status and why, where it answers `path` otherwise than
+/// nginx on purpose.
+fn raw_divergent(path: &str, h2: bool) -> Option<(u16, &'static str)> {
+    RAW_DIVERGENT
+        .iter()
+        .find(|(p, over, _, _)| *p == path && over.is_none_or(|o| o == h2))
+        .map(|(_, _, status, why)| (*status, *why))
+}
+
+fn raw_answer(name: &str) -> &'static [u8] {
+    RAW_ANSWERS
+        .iter()
+        .find(|(path, _)| path.strip_prefix("/raw/") == Some(name))
+        .map_or(b"", |(_, a)| a)
+}
+
 /// The configuration both servers run; only the port differs.
 fn nginx_conf(
     dir: &Path,
@@ -45,6 +123,7 @@ fn nginx_conf(
     echo_tls: SocketAddr,
     grpc: SocketAddr,
     closing: SocketAddr,
+    raw: SocketAddr,
 ) -> String {
     let d = dir.display();
     format!(
@@ -71,6 +150,7 @@ http {{
     upstream agents {{ server {grpc}; }}
     upstream deck_tls {{ server {echo_tls}; }}
     upstream closing {{ server {closing}; keepalive 8; }}
+    upstream raw {{ server {raw}; keepalive 8; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -101,6 +181,10 @@ http {{
         }}
         location /closing/ {{
             proxy_pass http://closing;
+            proxy_set_header Connection "";
+        }}
+        location /raw/ {{
+            proxy_pass http://raw;
             proxy_set_header Connection "";
         }}
         location /ws {{
@@ -789,17 +873,18 @@ async fn nginx_and_the_gateway_answer_alike() {
     let (nginx_closing, nginx_closing_log) =
         spinlink_gateway::test_support::closing_upstream().await;
     let (gw_closing, gw_closing_log) = spinlink_gateway::test_support::closing_upstream().await;
+    let raw = spinlink_gateway::test_support::raw_upstream(raw_answer).await;
     let (nginx_port, gw_port) = (free_port(), free_port());
     let nginx_conf_path: PathBuf = d.join("nginx.conf");
     std::fs::write(
         &nginx_conf_path,
-        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr, nginx_closing),
+        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr, nginx_closing, raw),
     )
     .unwrap();
     let gw_conf_path: PathBuf = d.join("gateway-nginx.conf");
     std::fs::write(
         &gw_conf_path,
-        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr, gw_closing),
+        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr, gw_closing, raw),
     )
     .unwrap();
 
@@ -936,6 +1021,25 @@ async fn nginx_and_the_gateway_answer_alike() {
         ),
         ("read timeout", Req::get("deck.test", "/slow"), false),
     ];
+    // How each front reads an upstream's answer framed every way
+    // `raw_answer` frames one, over HTTP/1.1 and HTTP/2 to the client.
+    let raw_cases: Vec<(String, Req, bool)> = RAW_ANSWERS
+        .iter()
+        .flat_map(|(path, _)| [(*path, false), (*path, true)])
+        .filter(|(path, h2)| raw_divergent(path, *h2).is_none())
+        .map(|(path, h2)| {
+            let label = format!("upstream answer {path}{}", if h2 { " h2" } else { "" });
+            (label, Req::get("deck.test", path), h2)
+        })
+        .collect();
+    let cases: Vec<(&str, Req, bool)> = cases
+        .into_iter()
+        .chain(
+            raw_cases
+                .iter()
+                .map(|(n, r, h2)| (n.as_str(), r.clone(), *h2)),
+        )
+        .collect();
     let mut differences = Vec::new();
     for (name, req, h2) in &cases {
         let n = send(nginx_addr, req, *h2).await;
@@ -944,6 +1048,26 @@ async fn nginx_and_the_gateway_answer_alike() {
             differences.push(format!("{name}:\n  nginx:   {n:?}\n  gateway: {g:?}"));
         } else {
             eprintln!("same: {name}: {} {:?}", n.status, n.body.lines().nth(3));
+        }
+    }
+    // Where the gateway answers otherwise on purpose: its own answer.
+    for (path, _) in RAW_ANSWERS {
+        for h2 in [false, true] {
+            let Some((status, why)) = raw_divergent(path, h2) else {
+                continue;
+            };
+            let req = Req::get("deck.test", path);
+            let n = send(nginx_addr, &req, h2).await;
+            let g = send(gw_addr, &req, h2).await;
+            if g.status != status {
+                differences.push(format!(
+                    "upstream answer {path} (h2: {h2}): the gateway answered {g:?}, not {status} ({why})"
+                ));
+            } else {
+                eprintln!(
+                    "by design: upstream answer {path} (h2: {h2}): gateway {status}, nginx {n:?}: {why}"
+                );
+            }
         }
     }
     let grpc_cases: Vec<(&str, &str, Vec<&str>, Option<&ClientCert>)> = vec![

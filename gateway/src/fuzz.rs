@@ -377,6 +377,29 @@ pub fn relay_server(data: &[u8]) {
     });
 }
 
+/// An HTTP/1.1 answer from an upstream server, as the ingress's own
+/// exchange reads it (`ingress::h1`): the first byte is the size of the
+/// reads the rest arrives in (the high bit: the answer is to a `HEAD`).
+/// Never panics; read in pieces it gives what it gives read whole (head,
+/// body, trailers, whether the connection is kept, the verdict); a body
+/// whose head declared its length is exactly that long.
+pub fn h1_answer(data: &[u8]) {
+    use crate::ingress::h1::read_pieces;
+    let [first, answer @ ..] = data else {
+        return;
+    };
+    let head_request = first & 0x80 != 0;
+    let cut = usize::from(first & 0x7f).max(1);
+    let whole = read_pieces(&[answer], head_request);
+    let pieces: Vec<&[u8]> = answer.chunks(cut).collect();
+    assert_eq!(read_pieces(&pieces, head_request), whole, "cut every {cut}");
+    if let Ok(reading) = whole
+        && let Some(n) = reading.length
+    {
+        assert_eq!(reading.body.len() as u64, n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -429,6 +452,26 @@ mod tests {
                 .dictionary([&[0u8, 41][..], &[0x16, 3, 1][..]])
                 .max_len(600)
                 .run(super::client_hello);
+        }
+
+        #[test]
+        fn fuzz_h1_answer() {
+            Fuzz::new("h1-answer")
+                .seeds([
+                    &b"\x07HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"[..],
+                    b"\x03HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nt: 1\r\n\r\n",
+                    b"\x83HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+                    b"\x01HTTP/1.0 200 OK\r\n\r\nuntil close",
+                ])
+                .dictionary([
+                    &b"\r\n"[..],
+                    b"content-length: ",
+                    b"transfer-encoding: chunked",
+                    b"connection: close",
+                    b"HTTP/1.1 ",
+                ])
+                .max_len(1024)
+                .run(super::h1_answer);
         }
 
         #[test]

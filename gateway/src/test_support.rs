@@ -69,3 +69,43 @@ async fn serve(s: tokio::net::TcpStream, conn: usize, seen: RequestLog) {
         }
     }
 }
+
+/// A raw HTTP/1.1 upstream on loopback that answers each request for
+/// `/raw/<name>` with `answer(name)`'s bytes exactly as given, then closes
+/// the connection (an answer read until the close ends there). Serves
+/// until the runtime ends.
+pub async fn raw_upstream(answer: fn(&str) -> &'static [u8]) -> SocketAddr {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding a loopback port");
+    let addr = tcp.local_addr().expect("bound address");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = tcp.accept().await {
+            tokio::spawn(async move {
+                let mut s = tokio::io::BufReader::new(s);
+                let mut first = String::new();
+                loop {
+                    let mut line = String::new();
+                    if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if first.is_empty() {
+                        first = line;
+                    }
+                }
+                let name = first
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|p| p.strip_prefix("/raw/"))
+                    .unwrap_or("");
+                let mut s = s.into_inner();
+                let _ = s.write_all(answer(name)).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}

@@ -1,55 +1,58 @@
 //! The ingress's connections to its upstream servers, kept alive and reused
-//! as nginx's `keepalive` does, on hyper's connection-level client.
+//! as nginx's `keepalive` does: HTTP/1.1 on the gateway's own exchange
+//! ([`super::h1`]), HTTP/2 on hyper's connection-level client.
 //!
 //! Each worker keeps its own idle connections per server (and one more set
-//! serves every other thread), so a request, its upstream connection and
-//! that connection's task all run on the worker that accepted the client:
-//! no pool shared between threads, no lookup by authority per request.
+//! serves every other thread), so a request and its upstream connection
+//! stay on the worker that accepted the client: no pool shared between
+//! threads, no lookup by authority per request.
 //!
-//! HTTP/1.1: a connection carries one request at a time. It goes back to
-//! its worker's idle list when the response body has been read to its end
-//! (the proxy's lease on it is dropped with the body); a body dropped early
-//! takes the connection with it (hyper closes it). Idle connections are
-//! taken newest first; one idle longer than [`IDLE_TIMEOUT`] or closed by
-//! the server is dropped, and at most [`MAX_IDLE`] wait per server and
-//! worker.
+//! HTTP/1.1: a connection carries one request at a time, and no task of
+//! its own: the request's task writes the request and reads the answer. It
+//! goes back to its worker's idle list when the response body has been read
+//! to its end (the body holds it until then); a body dropped early takes
+//! the connection with it. Idle connections are taken newest first; one
+//! idle longer than [`IDLE_TIMEOUT`], closed by the server, or with bytes
+//! the server sent unasked is dropped when met, and at most [`MAX_IDLE`]
+//! wait per server and worker.
 //!
 //! HTTP/2 (`grpc_pass`): one connection per server and worker carries every
 //! stream, redialled once it closes.
 //!
-//! A reused connection can turn out closed only when the request is handed
-//! to it; hyper gives an unsent request back, and it goes to the next idle
-//! connection or a new one. One that took the request and then failed
-//! before answering (the server closed or reset it: its idle timeout met
-//! the request on the wire) costs the request only if it cannot be sent
-//! again: a request without a body whose method is not POST, PATCH or LOCK
-//! is sent again, once, on a new connection, as nginx repeats a request
-//! whose cached connection failed (`ngx_http_upstream_next`:
-//! `u->peer.cached` with `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try,
-//! and a request already sent with a non-idempotent method is not
-//! repeated). nginx may walk through its other cached connections first;
-//! the gateway does not, so a request the server fails on (or closes the
-//! connection for) reaches it at most twice, not once per idle connection.
-//! A new connection's failure is the answer.
+//! A kept-alive connection that took a request and then failed before
+//! answering (the server closed or reset it: its idle timeout met the
+//! request on the wire) costs the request only if it cannot be sent again:
+//! a request without a body whose method is not POST, PATCH or LOCK is sent
+//! again (its head as it was written), once, on a new connection, as nginx
+//! repeats a request whose cached connection failed
+//! (`ngx_http_upstream_next`: `u->peer.cached` with
+//! `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try, and a request already
+//! sent with a non-idempotent method is not repeated). nginx may walk
+//! through its other cached connections first; the gateway does not, so a
+//! request the server fails on (or closes the connection for) reaches it at
+//! most twice, not once per idle connection. A new connection's failure is
+//! the answer.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response};
-use http_body::Body as _;
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::h1;
 use super::upstream_tls::UpstreamTls;
 
-pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// What a request to an upstream carries.
-pub(super) type ReqBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+pub(super) use super::h1::{BoxError, ReqBody};
 
 /// Idle connections kept per upstream server and worker.
 const MAX_IDLE: usize = 32;
@@ -65,15 +68,58 @@ pub(super) enum SendError {
     /// No connection to the server could be made: nothing was sent.
     #[error("connecting: {0}")]
     Connect(#[source] BoxError),
-    /// The exchange failed after the request was handed over.
+    /// An HTTP/1.1 exchange failed after the request was handed over.
     #[error(transparent)]
-    Request(#[from] hyper::Error),
+    H1(#[from] h1::Error),
+    /// An HTTP/2 exchange failed after the request was handed over.
+    #[error(transparent)]
+    H2(#[from] hyper::Error),
 }
 
 impl SendError {
     /// Nothing reached the server; another may be tried.
     pub(super) fn is_connect(&self) -> bool {
         matches!(self, Self::Connect(_))
+    }
+}
+
+/// An upstream answer's body: off an HTTP/1.1 connection the gateway reads
+/// itself, or an HTTP/2 stream.
+pub(super) enum UpstreamBody {
+    H1(h1::Answer),
+    H2(Incoming),
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::H1(answer) => Pin::new(answer)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(Into::into))),
+            Self::H2(incoming) => Pin::new(incoming)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(Into::into))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::H1(answer) => answer.is_end_stream(),
+            Self::H2(incoming) => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::H1(answer) => answer.size_hint(),
+            Self::H2(incoming) => incoming.size_hint(),
+        }
     }
 }
 
@@ -104,7 +150,8 @@ impl Dialer {
         self.tls.is_some()
     }
 
-    async fn dial(&self, addr: &str) -> Result<Sender, SendError> {
+    /// A new connection to `addr`, TLS on it when the pool speaks TLS.
+    async fn dial(&self, addr: &str) -> Result<Box<dyn h1::Io>, SendError> {
         let connect = |e: std::io::Error| SendError::Connect(e.into());
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
@@ -112,45 +159,31 @@ impl Dialer {
             .map_err(connect)?;
         tcp.set_nodelay(true).map_err(connect)?;
         match &self.tls {
-            None => self.handshake(tcp).await,
+            None => Ok(Box::new(tcp)),
             Some((connector, name)) => {
                 let tls =
                     tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
                         .await
                         .map_err(|_| SendError::Connect("TLS handshake timed out".into()))?
                         .map_err(connect)?;
-                self.handshake(tls).await
+                Ok(Box::new(tls))
             }
         }
     }
 
-    async fn handshake<I>(&self, io: I) -> Result<Sender, SendError>
-    where
-        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let io = TokioIo::new(io);
-        if self.h2 {
-            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-                .handshake(io)
-                .await
-                .map_err(|e| SendError::Connect(e.into()))?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-            });
-            Ok(Sender::H2(sender))
-        } else {
-            let (sender, conn) = http1::handshake(io)
-                .await
-                .map_err(|e| SendError::Connect(e.into()))?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.with_upgrades().await {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-            });
-            Ok(Sender::H1(sender))
-        }
+    /// A new HTTP/2 connection to `addr`, its task spawned.
+    async fn dial_h2(&self, addr: &str) -> Result<http2::SendRequest<ReqBody>, SendError> {
+        let io = TokioIo::new(self.dial(addr).await?);
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .handshake(io)
+            .await
+            .map_err(|e| SendError::Connect(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
     }
 }
 
@@ -163,25 +196,27 @@ impl std::fmt::Debug for Dialer {
     }
 }
 
-enum Sender {
-    H1(http1::SendRequest<ReqBody>),
-    H2(http2::SendRequest<ReqBody>),
-}
-
 /// One worker's connections to one server.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Idle {
     /// HTTP/1.1 connections between requests, oldest first, with when
     /// each was put back.
-    h1: Vec<(http1::SendRequest<ReqBody>, Instant)>,
+    h1: Vec<(h1::Conn, Instant)>,
     /// The HTTP/2 connection every stream shares.
     h2: Option<http2::SendRequest<ReqBody>>,
 }
 
 /// A worker's idle connections to each of a pool's servers.
-#[derive(Debug)]
 pub(super) struct Connections {
     servers: Box<[Mutex<Idle>]>,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("servers", &self.servers.len())
+            .finish()
+    }
 }
 
 impl Connections {
@@ -198,34 +233,31 @@ impl Connections {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The newest reusable idle HTTP/1.1 connection to `server`.
-    fn take_h1(&self, server: usize) -> Option<http1::SendRequest<ReqBody>> {
+    /// The newest usable idle HTTP/1.1 connection to `server`.
+    fn take_h1(&self, server: usize) -> Option<h1::Conn> {
         let mut idle = self.idle(server);
         let now = Instant::now();
-        while let Some((sender, since)) = idle.h1.pop() {
-            if !sender.is_closed() && now.duration_since(since) < IDLE_TIMEOUT {
-                return Some(sender);
+        while let Some((mut conn, since)) = idle.h1.pop() {
+            if now.duration_since(since) < IDLE_TIMEOUT && conn.is_usable() {
+                return Some(conn);
             }
         }
         None
     }
 
     /// Puts an HTTP/1.1 connection whose exchange ended back for reuse.
-    pub(super) fn put_h1(&self, server: usize, sender: http1::SendRequest<ReqBody>) {
-        if sender.is_closed() {
-            return;
-        }
+    pub(super) fn put_h1(&self, server: usize, conn: h1::Conn) {
         let mut idle = self.idle(server);
         let now = Instant::now();
-        // The oldest wait at the front: drop the stale and the closed there.
+        // The oldest wait at the front: drop the stale there.
         let stale = idle
             .h1
             .iter()
-            .take_while(|(s, since)| s.is_closed() || now.duration_since(*since) >= IDLE_TIMEOUT)
+            .take_while(|(_, since)| now.duration_since(*since) >= IDLE_TIMEOUT)
             .count();
         idle.h1.drain(..stale);
         if idle.h1.len() < MAX_IDLE {
-            idle.h1.push((sender, now));
+            idle.h1.push((conn, now));
         }
     }
 
@@ -240,89 +272,95 @@ impl Connections {
     pub(super) fn idle_h1_open(&self, server: usize) -> usize {
         self.idle(server)
             .h1
-            .iter()
-            .filter(|(s, _)| !s.is_closed())
+            .iter_mut()
+            .filter_map(|(c, _)| c.is_usable().then_some(()))
             .count()
     }
 
     /// Sends `req` to server `server` at `addr`, on an idle connection or a
-    /// new one. An HTTP/1.1 answer comes with its connection, to be put back
-    /// ([`Self::put_h1`]) once its body has been read.
+    /// new one. An HTTP/1.1 answer's body holds its connection, to be put
+    /// back ([`Self::put_h1`], [`h1::Answer::reusable`]) once read.
     pub(super) async fn send(
         &self,
         dialer: &Dialer,
         server: usize,
         addr: &str,
-        mut req: Request<ReqBody>,
-    ) -> Result<(Response<Incoming>, Option<http1::SendRequest<ReqBody>>), SendError> {
+        req: Request<ReqBody>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        if dialer.h2 {
+            return self.send_h2(dialer, server, addr, req).await;
+        }
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let (head, out) = h1::encode_head(&parts.method, path, &parts.headers, &body)?;
+        let repeatable = out == h1::Out::None && sendable_again(&parts.method);
+        let head_request = parts.method == Method::HEAD;
+        let mut body = Some(body);
         // Set once the request reached a kept-alive connection that failed
         // under it: it is sent again once, on a new connection, so a
         // request the server fails on reaches it at most twice whatever
         // the idle list holds.
         let mut sent_once = false;
         loop {
-            let reused = if dialer.h2 {
-                let shared = self.idle(server).h2.clone().filter(|s| !s.is_closed());
-                shared.map(Sender::H2)
-            } else if sent_once {
+            let idle = if sent_once {
                 None
             } else {
-                self.take_h1(server).map(Sender::H1)
+                self.take_h1(server)
             };
-            let (sender, reused) = match reused {
-                Some(sender) => (sender, true),
+            let (conn, reused) = match idle {
+                Some(conn) => (conn, true),
                 // Boxed: dialling's state (a TLS handshake among it) would
                 // otherwise make every request's future as large, and the
                 // HTTP/2 front moves each request's future when it spawns it.
-                None => (Box::pin(dialer.dial(addr)).await?, false),
+                None => (h1::Conn::from_io(Box::pin(dialer.dial(addr)).await?), false),
             };
-            // What is sent again should this kept-alive connection fail
-            // under the request.
-            let mut again = None;
-            let attempt = match sender {
-                Sender::H1(mut sender) => {
-                    if sender.ready().await.is_err() {
-                        if reused {
-                            continue;
-                        }
-                        return Err(SendError::Connect("connection closed at once".into()));
-                    }
-                    if reused {
-                        again = repeatable(&req);
-                    }
-                    sender
-                        .try_send_request(req)
-                        .await
-                        .map(|resp| (resp, Some(sender)))
+            let b = body.take().unwrap_or_else(empty_body);
+            match conn.exchange(head.clone(), out, b, head_request).await {
+                Ok(resp) => return Ok(resp.map(UpstreamBody::H1)),
+                Err(e) if reused && repeatable && e.is_connection_failure() => {
+                    tracing::debug!(
+                        upstream = addr,
+                        error = %e,
+                        "kept-alive upstream connection failed under a request; sending it again"
+                    );
+                    sent_once = true;
                 }
-                Sender::H2(mut sender) => {
-                    if !reused {
-                        self.idle(server).h2 = Some(sender.clone());
-                    }
-                    if sender.ready().await.is_err() {
-                        self.idle(server).h2 = None;
-                        if reused {
-                            continue;
-                        }
-                        return Err(SendError::Connect("connection closed at once".into()));
-                    }
-                    sender.try_send_request(req).await.map(|resp| (resp, None))
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sends `req` on the worker's HTTP/2 connection to `server`, dialling
+    /// it when there is none (or it has closed).
+    async fn send_h2(
+        &self,
+        dialer: &Dialer,
+        server: usize,
+        addr: &str,
+        mut req: Request<ReqBody>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        loop {
+            let shared = self.idle(server).h2.clone().filter(|s| !s.is_closed());
+            let (mut sender, reused) = match shared {
+                Some(sender) => (sender, true),
+                None => {
+                    let sender = Box::pin(dialer.dial_h2(addr)).await?;
+                    self.idle(server).h2 = Some(sender.clone());
+                    (sender, false)
                 }
             };
-            match attempt {
-                Ok(answer) => return Ok(answer),
-                Err(mut e) => match (e.take_message(), again) {
+            if sender.ready().await.is_err() {
+                self.idle(server).h2 = None;
+                if reused {
+                    continue;
+                }
+                return Err(SendError::Connect("connection closed at once".into()));
+            }
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(resp.map(UpstreamBody::H2)),
+                Err(mut e) => match e.take_message() {
                     // Not sent: the connection had closed under it.
-                    (Some(unsent), _) if reused => req = unsent,
-                    (None, Some(head)) if connection_failed(e.error()) => {
-                        tracing::debug!(
-                            upstream = addr,
-                            error = %e.error(),
-                            "kept-alive upstream connection failed under a request; sending it again"
-                        );
-                        req = head.map(|()| empty_body());
-                        sent_once = true;
-                    }
+                    Some(unsent) if reused => req = unsent,
                     _ => return Err(e.into_error().into()),
                 },
             }
@@ -330,40 +368,10 @@ impl Connections {
     }
 }
 
-/// A copy of `req` to send again if its connection fails before answering,
-/// when it can be sent again: no body, and not a method nginx counts as
-/// non-idempotent (POST, PATCH, LOCK).
-fn repeatable(req: &Request<ReqBody>) -> Option<Request<()>> {
-    let method = req.method();
-    if *method == Method::POST
-        || *method == Method::PATCH
-        || method.as_str() == "LOCK"
-        || !req.body().is_end_stream()
-    {
-        return None;
-    }
-    let mut head = Request::new(());
-    *head.method_mut() = method.clone();
-    *head.uri_mut() = req.uri().clone();
-    *head.version_mut() = req.version();
-    *head.headers_mut() = req.headers().clone();
-    Some(head)
-}
-
-/// Whether `e` says the connection failed (closed before the answer came,
-/// reset, or any other I/O error), not that the answer was unreadable.
-fn connection_failed(e: &hyper::Error) -> bool {
-    if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<std::io::Error>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
+/// Whether a request already sent may be sent again: not with a method
+/// nginx counts as non-idempotent (POST, PATCH, LOCK).
+fn sendable_again(method: &Method) -> bool {
+    !(*method == Method::POST || *method == Method::PATCH || method.as_str() == "LOCK")
 }
 
 /// The body of a request sent again: it had none.

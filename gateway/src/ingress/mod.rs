@@ -22,6 +22,7 @@
 
 mod client;
 pub mod from_nginx;
+pub(crate) mod h1;
 pub mod proxy;
 pub mod tls;
 pub mod upstream_tls;

@@ -38,12 +38,11 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
 use tokio::time::Instant;
 
-use super::client::{BoxError, Connections, Dialer, ReqBody};
+use super::client::{BoxError, Connections, Dialer, UpstreamBody};
 use super::upstream_tls::UpstreamTls;
 use super::vars::{Template, Vars, X_FORWARDED_FOR};
 use super::{Body, ConnInfo, error_page};
@@ -539,33 +538,34 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
                 };
             }
-            Ok(Ok((mut resp, sender))) => {
+            Ok(Ok(resp)) => {
                 pool.succeeded(server);
+                let (mut parts, body) = resp.into_parts();
                 if let Some(client_upgrade) = client_upgrade
-                    && resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                    && parts.status == StatusCode::SWITCHING_PROTOCOLS
+                    && let UpstreamBody::H1(answer) = body
                 {
-                    let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                    tokio::spawn(splice(client_upgrade, upstream_upgrade, ctx.conn.remote));
-                    let (mut parts, _) = resp.into_parts();
+                    if let Some(upstream) = answer.into_conn() {
+                        tokio::spawn(splice(client_upgrade, upstream, ctx.conn.remote));
+                    }
                     parts.headers.remove(header::TRANSFER_ENCODING);
                     return Response::from_parts(
                         parts,
                         Body::new(http_body_util::Empty::<Bytes>::new()),
                     );
                 }
-                let (mut parts, body) = resp.into_parts();
                 remove_hop_by_hop(&mut parts.headers, |_| false);
+                let lease = matches!(body, UpstreamBody::H1(_)).then(|| Lease {
+                    pool: pool.clone(),
+                    connections,
+                    server,
+                });
                 let body = Timed {
                     inner: body,
                     timeout: ctx.read_timeout,
                     sleep: None,
                     ended: false,
-                    lease: sender.map(|sender| Lease {
-                        pool: pool.clone(),
-                        connections,
-                        server,
-                        sender,
-                    }),
+                    lease,
                 };
                 return Response::from_parts(parts, Body::new(body));
             }
@@ -577,29 +577,34 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
 }
 
-/// An HTTP/1.1 upstream connection lent to one response: back to its
-/// worker's idle list when the body has been read to its end.
+/// Where an HTTP/1.1 upstream connection lent to one response goes back
+/// to (its worker's idle list) when the body has been read to its end.
 struct Lease {
     pool: Arc<Pool>,
     connections: usize,
     server: usize,
-    sender: http1::SendRequest<ReqBody>,
 }
 
-async fn splice(
-    client: hyper::upgrade::OnUpgrade,
-    upstream: hyper::upgrade::OnUpgrade,
-    remote: SocketAddr,
-) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(both) => both,
+/// Carries an upgraded (`101`) exchange's bytes both ways: what the
+/// upstream sent past its answer's head first, then whatever either side
+/// sends.
+async fn splice(client: hyper::upgrade::OnUpgrade, upstream: super::h1::Conn, remote: SocketAddr) {
+    use tokio::io::AsyncWriteExt as _;
+    let client = match client.await {
+        Ok(client) => client,
         Err(e) => {
             tracing::debug!(%remote, error = %e, "upgrade did not complete");
             return;
         }
     };
     let mut client = TokioIo::new(client);
-    let mut upstream = TokioIo::new(upstream);
+    let (mut upstream, early) = upstream.into_parts();
+    if !early.is_empty()
+        && let Err(e) = client.write_all(&early).await
+    {
+        tracing::debug!(%remote, error = %e, "upgraded connection ended");
+        return;
+    }
     if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         tracing::debug!(%remote, error = %e, "upgraded connection ended");
     }
@@ -651,7 +656,7 @@ impl http_body::Body for Limited {
 /// the read timeout (nginx's `proxy_read_timeout` between two reads), and
 /// gives its connection back once read to the end.
 struct Timed {
-    inner: Incoming,
+    inner: UpstreamBody,
     timeout: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The last frame has been read.
@@ -674,7 +679,7 @@ impl http_body::Body for Timed {
                 Some(Ok(f)) => f.is_trailers(),
                 Some(Err(_)) => false,
             };
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+            return Poll::Ready(frame);
         }
         let timeout = self.timeout;
         let sleep = self
@@ -698,14 +703,17 @@ impl Drop for Timed {
         // A body left unread keeps the connection busy: it goes with it.
         if let Some(lease) = self.lease.take()
             && (self.ended || self.inner.is_end_stream())
+            && let UpstreamBody::H1(answer) = &mut self.inner
+            && let Some(conn) = answer.reusable()
         {
-            lease.pool.connections[lease.connections].put_h1(lease.server, lease.sender);
+            lease.pool.connections[lease.connections].put_h1(lease.server, conn);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::client::ReqBody;
     use super::*;
     use http::Method;
 
@@ -948,7 +956,7 @@ mod tests {
     ) -> Result<(StatusCode, Timed), super::super::client::SendError> {
         let addr = pool.servers[0].addr.clone();
         let connections = pool.connections_index();
-        let (resp, sender) = pool.connections[connections]
+        let resp = pool.connections[connections]
             .send(&pool.dialer, 0, &addr, req)
             .await?;
         let status = resp.status();
@@ -957,11 +965,10 @@ mod tests {
             timeout: Duration::from_secs(10),
             sleep: None,
             ended: false,
-            lease: sender.map(|sender| Lease {
+            lease: Some(Lease {
                 pool: pool.clone(),
                 connections,
                 server: 0,
-                sender,
             }),
         };
         Ok((status, body))
