@@ -236,8 +236,10 @@ impl Sending {
                 }
                 self.pending.advance(n);
             }
+            // Out before waiting on the body: over TLS, a write the socket
+            // took only in part leaves records that only a flush sends.
+            ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(Error::Failed)?;
             let Some(body) = self.body.as_mut() else {
-                ready!(Pin::new(&mut *io).poll_flush(cx)).map_err(Error::Failed)?;
                 return Poll::Ready(Ok(()));
             };
             match ready!(Pin::new(body).poll_frame(cx)) {
@@ -1312,6 +1314,97 @@ mod tests {
         drop(tx);
         assert_eq!(within(next()).await, None);
         assert!(answer.reusable().is_some(), "kept: both ended");
+    }
+
+    /// Over TLS, a body's last bytes go out even when the body then waits:
+    /// a write the socket took only in part leaves TLS records behind,
+    /// which only a flush sends. A slow reader behind small socket buffers
+    /// keeps the socket full, so the last write of a 4 MiB chunk leaves
+    /// some.
+    #[tokio::test]
+    async fn a_body_over_tls_goes_out_whole_before_the_next_piece() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        const SIZE: usize = 4 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = spinlink_tls::dev::DevPki::ensure(dir.path(), &[]).unwrap();
+        let (cert, key) = (pki.cert("sidecar"), pki.key("sidecar"));
+        let server = spinlink_tls::config::server_config(
+            spinlink_tls::config::ServerFiles {
+                cert: &cert,
+                key: &key,
+                client_ca: None,
+            },
+            spinlink_tls::config::ClientAuth::Off,
+            &[b"http/1.1"],
+        )
+        .unwrap();
+        let client = spinlink_tls::config::client_config(
+            spinlink_tls::config::ClientFiles {
+                ca: &pki.ca_cert(),
+                identity: None,
+            },
+            &[b"http/1.1"],
+        )
+        .unwrap();
+        // Small socket buffers on both sides: the socket is full at nearly
+        // every write.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(8 * 1024).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (got, got_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+            let mut s = acceptor.accept(s).await.unwrap();
+            let mut seen = 0usize;
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut got = Some(got);
+            loop {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed after {seen} bytes");
+                seen += n;
+                // The head, the chunk's size line and its CRLF: all of it
+                // in means the body's first piece went out whole.
+                if seen >= SIZE
+                    && let Some(got) = got.take()
+                {
+                    let _ = got.send(());
+                }
+                if buf[..n].ends_with(b"0\r\n\r\n") {
+                    s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                        .await
+                        .unwrap();
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        });
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(8 * 1024).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+            .unwrap();
+        let conn = Conn::from_io(Box::new(tls));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+        let body: ReqBody = http_body_util::BodyExt::boxed_unsync(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let (head, out) = encode_head(&Method::PUT, "/big", &HeaderMap::new(), &body).unwrap();
+        tx.send(Ok(Frame::data(Bytes::from(vec![b'x'; SIZE]))))
+            .await
+            .unwrap();
+        let exchange = tokio::spawn(conn.exchange(head, out, body, false));
+        within(got_rx).await.expect("the first piece arrived whole");
+        drop(tx);
+        let resp = within(exchange).await.unwrap().unwrap();
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     }
 
     /// A server that closes before answering fails the exchange as a
