@@ -185,8 +185,12 @@ pub fn gateway_yaml(id: &str, pki: &DevPki, policy: &Policy, tunnels: &[SocketAd
     for t in tunnels {
         text.push_str(&format!("- url: http://{t}\n"));
     }
+    // Health checks bring instances back; outlier ejection (streams a cut
+    // hop broke eject an instance, longer each time) is kept short so that
+    // it never outlasts a wait.
     text.push_str(
-        "upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n",
+        "upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n  \
+         outlier:\n    ejectionSeconds: 5\n",
     );
     text
 }
