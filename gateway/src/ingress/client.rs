@@ -273,7 +273,8 @@ impl Connections {
         self.idle(server)
             .h1
             .iter_mut()
-            .filter_map(|(c, _)| c.is_usable().then_some(()))
+            .map(|(c, _)| c.is_usable())
+            .filter(|&open| open)
             .count()
     }
 

@@ -4,24 +4,27 @@
 //! of the request kept to send it again (its head is one buffer, sent
 //! again as it is).
 //!
-//! The answer is read as RFC 9112 §6.3 frames it and as nginx's proxy
-//! module accepts it: interim (1xx) answers but `101` are skipped; a `HEAD`
-//! request's answer, `204` and `304` have no body; `Transfer-Encoding`
-//! ending in `chunked` is chunked, any other is read until the server
-//! closes (in HTTP/1.0 too), and a `Content-Length` beside it is ignored
-//! (RFC 9112 §6.3, and nginx 1.22; the connection is not kept after such
-//! an answer);
-//! `Content-Length` (every value the same number) is the body's length,
-//! differing values are refused; neither is read until the server closes.
-//! Every part is
-//! bounded: the head (status line, headers, and a chunked body's trailers)
-//! at [`MAX_HEAD`] bytes and [`MAX_HEADERS`] fields, a chunk-size line at
-//! [`MAX_CHUNK_LINE`]; a body streams through in the frames it arrives in.
+//! The answer is read as RFC 9112 §6.3 frames it and as nginx 1.22's proxy
+//! module reads it (`tests/nginx_diff.rs` checks each framing against real
+//! nginx): interim (1xx) answers but `101` are skipped; a `HEAD` request's
+//! answer, `204` and `304` have no body; `Transfer-Encoding` ending in
+//! `chunked` is chunked (in HTTP/1.0 too) and any other is read until the
+//! server closes, a `Content-Length` beside it ignored (the connection is
+//! then not kept); else `Content-Length` (every value the same number) is
+//! the body's length; else the body is read until the server closes.
+//! Differing `Content-Length` values and an answer without a status line
+//! are refused (nginx 1.22 gives its client something unreadable there).
+//! Every part is bounded: the head (status line, headers, and a chunked
+//! body's trailers) at [`MAX_HEAD`] bytes and [`MAX_HEADERS`] fields, a
+//! chunk-size line at [`MAX_CHUNK_LINE`]; a body streams through in the
+//! frames it arrives in.
 //!
-//! A connection is kept for the next request when the answer is HTTP/1.1
-//! without `Connection: close`, its body had a length (or chunks) and was
-//! read to its end, the request was sent whole, and nothing followed the
-//! answer (nginx drops what an upstream sends past the answer and closes).
+//! The request's body goes out while the answer's head is awaited and, if
+//! the answer comes first, while the answer is read. A connection is kept
+//! for the next request when the answer is HTTP/1.1 without `Connection:
+//! close`, its body had a length (or chunks) and was read to its end, the
+//! request went out whole, and nothing followed the answer (nginx drops
+//! what an upstream sends past the answer and closes).
 //!
 //! The framing is worked out by plain functions over a buffer
 //! ([`parse_head`], [`Framing::of`], [`Framing::decode`]), which the fuzz
