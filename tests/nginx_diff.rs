@@ -151,6 +151,7 @@ http {{
     upstream deck_tls {{ server {echo_tls}; }}
     upstream closing {{ server {closing}; keepalive 8; }}
     upstream raw {{ server {raw}; keepalive 8; }}
+    upstream failover {{ server {raw} max_fails=0; server {echo} backup; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -186,6 +187,9 @@ http {{
         location /raw/ {{
             proxy_pass http://raw;
             proxy_set_header Connection "";
+        }}
+        location /failover/ {{
+            proxy_pass http://failover;
         }}
         location /ws {{
             proxy_pass http://deck;
@@ -1020,6 +1024,32 @@ async fn nginx_and_the_gateway_answer_alike() {
             true,
         ),
         ("read timeout", Req::get("deck.test", "/slow"), false),
+        // The first server takes each request and closes without an
+        // answer; the backup answers. What was sent goes on to the next
+        // server unless its method is not idempotent.
+        (
+            "sent, failed, next server",
+            Req::get("deck.test", "/failover/get"),
+            false,
+        ),
+        (
+            "sent, failed, next server h2",
+            Req::get("deck.test", "/failover/get"),
+            true,
+        ),
+        (
+            "sent, failed, not idempotent",
+            post("deck.test", "/failover/post", b"", false),
+            false,
+        ),
+        (
+            "sent, failed, DELETE",
+            Req {
+                method: "DELETE",
+                ..Req::get("deck.test", "/failover/delete")
+            },
+            false,
+        ),
     ];
     // How each front reads an upstream's answer framed every way
     // `raw_answer` frames one, over HTTP/1.1 and HTTP/2 to the client.

@@ -81,6 +81,13 @@ impl SendError {
     pub(super) fn is_connect(&self) -> bool {
         matches!(self, Self::Connect(_))
     }
+
+    /// The request reached the server, whose connection then failed before
+    /// answering (closed, reset): another server may be tried with a
+    /// request that can be sent again ([`sendable_again`]).
+    pub(super) fn is_connection_failure(&self) -> bool {
+        matches!(self, Self::H1(e) if e.is_connection_failure())
+    }
 }
 
 /// An upstream answer's body: off an HTTP/1.1 connection the gateway reads
@@ -371,7 +378,7 @@ impl Connections {
 
 /// Whether a request already sent may be sent again: not with a method
 /// nginx counts as non-idempotent (POST, PATCH, LOCK).
-fn sendable_again(method: &Method) -> bool {
+pub(super) fn sendable_again(method: &Method) -> bool {
     !(*method == Method::POST || *method == Method::PATCH || method.as_str() == "LOCK")
 }
 

@@ -6,9 +6,11 @@
 //! (`ingress/client.rs`): HTTP/1.1 for `proxy_pass http://`, h2c with prior
 //! knowledge for `grpc_pass grpc://`. A server that refuses the
 //! connection is skipped for the next one when the request has no body to
-//! replay (nginx's `proxy_next_upstream error`); a request a kept-alive
-//! connection failed under is sent again, once, on a new connection when
-//! it can be (`ingress/client.rs`). `proxy_pass https://` and
+//! replay, and so is one whose connection failed after taking the request
+//! when its method is idempotent too (nginx's `proxy_next_upstream
+//! error`); a request a kept-alive connection failed under is first sent
+//! again, once, on a new connection to the same server when it can be
+//! (`ingress/client.rs`). `proxy_pass https://` and
 //! `grpc_pass grpcs://` pools speak TLS ([`super::upstream_tls`]).
 //!
 //! Passive health as nginx's `max_fails` / `fail_timeout`: a server that
@@ -513,6 +515,21 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
             }
             Ok(Err(e)) if e.is_connect() && !has_body => {
                 tracing::info!(upstream = addr, error = %e, "upstream refused; trying the next");
+                pool.failed(server);
+                last_error = Some(e);
+                continue;
+            }
+            // Sent, and the connection failed before an answer: the next
+            // server gets it too unless its method is not idempotent, as
+            // nginx's `proxy_next_upstream error` (ngx_http_upstream_next:
+            // NGX_HTTP_UPSTREAM_FT_ERROR, and FT_NON_IDEMPOTENT for POST,
+            // LOCK and PATCH once sent).
+            Ok(Err(e))
+                if e.is_connection_failure()
+                    && !has_body
+                    && super::client::sendable_again(&parts.method) =>
+            {
+                tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
                 pool.failed(server);
                 last_error = Some(e);
                 continue;
