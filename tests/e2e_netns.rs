@@ -624,15 +624,35 @@ impl Loop {
 }
 
 fn no_failures(results: &[(String, Workload)]) {
+    failures_but(results, 0);
+}
+
+/// As [`no_failures`], but each loop may have up to `unanswered` writes that
+/// were in flight when the agent's connection went away: their relay
+/// stream closed before the agent answered, so they may or may not have
+/// been applied, and the sidecar does not send them twice (503 by design,
+/// docs/architecture.md). Any other failure, and any failed read, fails.
+fn failures_but(results: &[(String, Workload)], unanswered: usize) {
     let mut failures = Vec::new();
     for (pod, w) in results {
         eprintln!(
-            "in {pod}: {} rounds, {} kubectl commands, {} failed",
+            "in {pod}: {} rounds, {} kubectl commands, {} failed ({} writes unanswered)",
             w.rounds,
             w.commands,
-            w.failures.len()
+            w.failures.len(),
+            w.unanswered_writes.len()
         );
-        failures.extend(w.failures.iter().map(|f| format!("in {pod}: {f}")));
+        let allowed = if w.unanswered_writes.len() <= unanswered {
+            &w.unanswered_writes[..]
+        } else {
+            &[]
+        };
+        failures.extend(
+            w.failures
+                .iter()
+                .filter(|f| !allowed.contains(f))
+                .map(|f| format!("in {pod}: {f}")),
+        );
         assert!(w.rounds >= 2, "the loop in {pod} ran ({} rounds)", w.rounds);
     }
     assert!(
@@ -667,7 +687,10 @@ fn start_loops(d: &Deployment) -> Vec<Option<Loop>> {
 /// The pod that owns the account dies (SIGKILL, with its Clouddriver: its
 /// lease is not released, its cache not handed over) and is replaced by a
 /// new pod at a new address; then the gateway the agent is connected to
-/// dies. kubectl in every other pod keeps working throughout.
+/// dies. kubectl in every other pod keeps working throughout, but for a
+/// write that was in flight when the agent's gateway died: its outcome is
+/// unknown, and the sidecar answers it 503 rather than send it twice (at
+/// most one per pod).
 #[test]
 fn failover_in_pods_fails_no_kubectl_command() {
     let tmp = tempfile::tempdir().unwrap();
@@ -705,7 +728,9 @@ fn failover_in_pods_fails_no_kubectl_command() {
     progress(&loops, "the agent's gateway died", 3);
 
     results.extend(loops.into_iter().flatten().map(Loop::finish));
-    no_failures(&results);
+    // A write in flight when the agent's gateway died may have been
+    // applied: one per loop may fail with the sidecar's 503 for that.
+    failures_but(&results, 1);
     d.converge(Duration::from_secs(60));
 }
 

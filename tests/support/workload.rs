@@ -21,6 +21,11 @@ pub struct Workload {
     pub commands: usize,
     /// Every failed command: round, arguments, time taken, stderr.
     pub failures: Vec<String>,
+    /// Those of them that were writes whose relay stream closed before
+    /// the agent answered: the agent may have applied them, so the sidecar
+    /// does not send them again and answers 503 (docs/architecture.md,
+    /// "a write is not").
+    pub unanswered_writes: Vec<String>,
     /// The last round whose writes all succeeded: what the cluster holds.
     pub last: Option<usize>,
 }
@@ -99,6 +104,7 @@ pub fn run_rounds(
         rounds: 0,
         commands: 0,
         failures: Vec::new(),
+        unanswered_writes: Vec::new(),
         last: None,
     };
     for n in 1..=MAX_ROUNDS {
@@ -113,11 +119,18 @@ pub fn run_rounds(
             w.commands += 1;
             if !out.status.success() {
                 wrote &= !step.writes;
-                w.failures.push(format!(
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let failure = format!(
                     "round {n}, kubectl {args:?} after {:?}: {}",
                     started.elapsed(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                    stderr.trim()
+                );
+                if step.writes
+                    && stderr.contains(spinlink_sidecar::facade::relay::CLOSED_BEFORE_ANSWER)
+                {
+                    w.unanswered_writes.push(failure.clone());
+                }
+                w.failures.push(failure);
             }
         }
         if wrote {

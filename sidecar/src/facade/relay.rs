@@ -365,7 +365,7 @@ where
 }
 
 /// What a request whose relay stream closed before it answered fails with.
-const CLOSED_BEFORE_ANSWER: &str = "the relay stream to the agent closed before it answered";
+pub const CLOSED_BEFORE_ANSWER: &str = "the relay stream to the agent closed before it answered";
 
 /// How long a read whose relay stream closed under it waits for the agent's
 /// next stream (within its own timeout): an agent whose gateway went away is
