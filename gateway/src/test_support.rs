@@ -36,23 +36,9 @@ pub async fn closing_upstream() -> (SocketAddr, RequestLog) {
 async fn serve(s: tokio::net::TcpStream, conn: usize, seen: RequestLog) {
     let mut s = tokio::io::BufReader::new(s);
     for n in 0.. {
-        let (mut first, mut length) = (String::new(), 0);
-        loop {
-            let mut line = String::new();
-            if s.read_line(&mut line).await.unwrap_or(0) == 0 {
-                return;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                let Ok(v) = v.trim().parse() else { return };
-                length = v;
-            }
-            if line == "\r\n" {
-                break;
-            }
-            if first.is_empty() {
-                first = line.trim_end().to_owned();
-            }
-        }
+        let Some((first, length)) = read_head(&mut s).await else {
+            return;
+        };
         let mut body = vec![0; length];
         if s.read_exact(&mut body).await.is_err() {
             return;
@@ -83,19 +69,9 @@ pub async fn raw_upstream(answer: fn(&str) -> &'static [u8]) -> SocketAddr {
         while let Ok((s, _)) = tcp.accept().await {
             tokio::spawn(async move {
                 let mut s = tokio::io::BufReader::new(s);
-                let mut first = String::new();
-                loop {
-                    let mut line = String::new();
-                    if s.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if first.is_empty() {
-                        first = line;
-                    }
-                }
+                let Some((first, _)) = read_head(&mut s).await else {
+                    return;
+                };
                 let name = first
                     .split(' ')
                     .nth(1)
@@ -108,4 +84,26 @@ pub async fn raw_upstream(answer: fn(&str) -> &'static [u8]) -> SocketAddr {
         }
     });
     addr
+}
+
+/// Reads one request head off `s`: its request line and its
+/// `Content-Length` (0 without one); `None` at the connection's end or on
+/// an unreadable length.
+async fn read_head(s: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> Option<(String, usize)> {
+    let (mut first, mut length) = (String::new(), 0);
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return None;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().ok()?;
+        }
+        if line == "\r\n" {
+            return Some((first, length));
+        }
+        if first.is_empty() {
+            first = line.trim_end().to_owned();
+        }
+    }
 }

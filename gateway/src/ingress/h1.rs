@@ -180,14 +180,8 @@ impl Conn {
     /// Reads until a final answer's head is whole, skipping interim ones.
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, Error>> {
         loop {
-            while let Some(head) = parse_head(&mut self.buf)? {
-                if !head.status.is_informational() || head.status == StatusCode::SWITCHING_PROTOCOLS
-                {
-                    return Poll::Ready(Ok(head));
-                }
-            }
-            if self.buf.len() >= MAX_HEAD {
-                return Poll::Ready(Err(Error::Invalid("answer head too large")));
+            if let Some(head) = final_head(&mut self.buf)? {
+                return Poll::Ready(Ok(head));
             }
             let n = ready!(self.poll_read(cx)).map_err(Error::Failed)?;
             if n == 0 {
@@ -300,31 +294,19 @@ pub(super) fn encode_head(
     headers: &HeaderMap,
     body: &ReqBody,
 ) -> Result<(Bytes, Out), Error> {
-    let mut out = if body.is_end_stream() {
+    let own_length = headers.get(header::CONTENT_LENGTH);
+    let out = if body.is_end_stream() {
         Out::None
+    } else if let Some(v) = own_length {
+        let n = v
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or(Error::Body("request Content-Length not a number".into()))?;
+        Out::Length(n)
     } else {
-        Out::Chunked
+        body.size_hint().exact().map_or(Out::Chunked, Out::Length)
     };
-    let mut framing_header = None;
-    if out != Out::None {
-        match headers.get(header::CONTENT_LENGTH) {
-            Some(v) => {
-                let n = v
-                    .to_str()
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or(Error::Body("request Content-Length not a number".into()))?;
-                out = Out::Length(n);
-            }
-            None => match body.size_hint().exact() {
-                Some(n) => {
-                    out = Out::Length(n);
-                    framing_header = Some(format!("content-length: {n}\r\n"));
-                }
-                None => framing_header = Some("transfer-encoding: chunked\r\n".to_owned()),
-            },
-        }
-    }
     let fields: usize = headers
         .iter()
         .map(|(n, v)| n.as_str().len() + v.len() + 4)
@@ -340,11 +322,31 @@ pub(super) fn encode_head(
         buf.extend_from_slice(value.as_bytes());
         buf.extend_from_slice(b"\r\n");
     }
-    if let Some(f) = framing_header {
-        buf.extend_from_slice(f.as_bytes());
+    // The body's framing, unless the request's own `Content-Length` says it.
+    match out {
+        Out::Length(n) if own_length.is_none() => {
+            buf.extend_from_slice(format!("content-length: {n}\r\n").as_bytes());
+        }
+        Out::Chunked => buf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
     }
     buf.extend_from_slice(b"\r\n");
     Ok((buf.freeze(), out))
+}
+
+/// Takes the final answer's head off the front of `buf` once it is whole,
+/// dropping interim (1xx but `101`) answers before it: `None` while more is
+/// needed, an error once `buf` holds more than a head may take without one.
+fn final_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
+    while let Some(head) = parse_head(buf)? {
+        if !head.status.is_informational() || head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(Some(head));
+        }
+    }
+    if buf.len() >= MAX_HEAD {
+        return Err(Error::Invalid("answer head too large"));
+    }
+    Ok(None)
 }
 
 /// An answer's head.
@@ -813,18 +815,8 @@ pub(crate) fn read_pieces(pieces: &[&[u8]], head_request: bool) -> Result<Readin
     let mut buf = BytesMut::new();
     let mut next = pieces.iter();
     let head = loop {
-        match parse_head(&mut buf).map_err(|e| e.to_string())? {
-            Some(head)
-                if !head.status.is_informational()
-                    || head.status == StatusCode::SWITCHING_PROTOCOLS =>
-            {
-                break head;
-            }
-            Some(_) => continue,
-            None => {}
-        }
-        if buf.len() >= MAX_HEAD {
-            return Err(Error::Invalid("answer head too large").to_string());
+        if let Some(head) = final_head(&mut buf).map_err(|e| e.to_string())? {
+            break head;
         }
         match next.next() {
             Some(piece) => buf.extend_from_slice(piece),

@@ -513,21 +513,17 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                 pool.failed(server);
                 return error_page(StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
             }
-            Ok(Err(e)) if e.is_connect() && !has_body => {
-                tracing::info!(upstream = addr, error = %e, "upstream refused; trying the next");
-                pool.failed(server);
-                last_error = Some(e);
-                continue;
-            }
-            // Sent, and the connection failed before an answer: the next
-            // server gets it too unless its method is not idempotent, as
-            // nginx's `proxy_next_upstream error` (ngx_http_upstream_next:
+            // Refused, or sent and the connection failed before an answer:
+            // a request without a body goes on to the next server, one
+            // already sent only if its method is idempotent, as nginx's
+            // `proxy_next_upstream error` (ngx_http_upstream_next:
             // NGX_HTTP_UPSTREAM_FT_ERROR, and FT_NON_IDEMPOTENT for POST,
             // LOCK and PATCH once sent).
             Ok(Err(e))
-                if e.is_connection_failure()
-                    && !has_body
-                    && super::client::sendable_again(&parts.method) =>
+                if !has_body
+                    && (e.is_connect()
+                        || (e.is_connection_failure()
+                            && super::client::sendable_again(&parts.method))) =>
             {
                 tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
                 pool.failed(server);
@@ -572,17 +568,16 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     );
                 }
                 remove_hop_by_hop(&mut parts.headers, |_| false);
-                let lease = matches!(body, UpstreamBody::H1(_)).then(|| Lease {
-                    pool: pool.clone(),
-                    connections,
-                    server,
-                });
                 let body = Timed {
                     inner: body,
                     timeout: ctx.read_timeout,
                     sleep: None,
                     ended: false,
-                    lease,
+                    lease: Lease {
+                        pool: pool.clone(),
+                        connections,
+                        server,
+                    },
                 };
                 return Response::from_parts(parts, Body::new(body));
             }
@@ -678,7 +673,7 @@ struct Timed {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The last frame has been read.
     ended: bool,
-    lease: Option<Lease>,
+    lease: Lease,
 }
 
 impl http_body::Body for Timed {
@@ -718,11 +713,11 @@ impl http_body::Body for Timed {
 impl Drop for Timed {
     fn drop(&mut self) {
         // A body left unread keeps the connection busy: it goes with it.
-        if let Some(lease) = self.lease.take()
-            && (self.ended || self.inner.is_end_stream())
+        if (self.ended || self.inner.is_end_stream())
             && let UpstreamBody::H1(answer) = &mut self.inner
             && let Some(conn) = answer.reusable()
         {
+            let lease = &self.lease;
             lease.pool.connections[lease.connections].put_h1(lease.server, conn);
         }
     }
@@ -982,11 +977,11 @@ mod tests {
             timeout: Duration::from_secs(10),
             sleep: None,
             ended: false,
-            lease: Some(Lease {
+            lease: Lease {
                 pool: pool.clone(),
                 connections,
                 server: 0,
-            }),
+            },
         };
         Ok((status, body))
     }
