@@ -71,6 +71,10 @@ const RAW_ANSWERS: &[(&str, &[u8])] = &[
         "/raw/http10-chunked",
         b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     ),
+    (
+        "/raw/chunked-bare-lf",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\n0\nx-trailer: 1\n\n",
+    ),
     ("/raw/garbage", b"SSH-2.0-OpenSSH_9.2\r\n\r\n"),
     ("/raw/nothing", b""),
 ];

@@ -629,13 +629,14 @@ impl Chunk {
                     return Ok(Some(Step::Data(buf.split_to(n).freeze())));
                 }
                 Self::DataEnd => {
-                    if buf.len() < 2 {
-                        return Ok(None);
-                    }
-                    if &buf[..2] != b"\r\n" {
-                        return Err(Error::Invalid("chunk data not followed by CRLF"));
-                    }
-                    buf.advance(2);
+                    // CRLF, or a bare LF (nginx reads it too).
+                    let end = match &buf[..] {
+                        [b'\n', ..] => 1,
+                        [b'\r', b'\n', ..] => 2,
+                        [] | [b'\r'] => return Ok(None),
+                        _ => return Err(Error::Invalid("chunk data not followed by CRLF")),
+                    };
+                    buf.advance(end);
                     *self = Self::Size;
                 }
                 Self::Trailers => {
@@ -671,11 +672,10 @@ impl Chunk {
 }
 
 /// A chunk-size line's size: hex digits, then optional whitespace and
-/// `;`-extensions (ignored), then CRLF (the LF already cut off).
+/// `;`-extensions (ignored), then CRLF or a bare LF, as nginx reads it
+/// (the LF already cut off).
 fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let Some(line) = line.strip_suffix(b"\r") else {
-        return Err(Error::Invalid("chunk-size line without CRLF"));
-    };
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > 16 {
         return Err(Error::Invalid("unreadable chunk size"));
@@ -1002,7 +1002,9 @@ mod tests {
     }
 
     /// Chunked bodies as RFC 9112 §7.1 writes them: hex sizes with optional
-    /// extensions, CRLF after each chunk's data, trailers after the last.
+    /// extensions, CRLF after each chunk's data, trailers after the last;
+    /// a bare LF for a CRLF is read as nginx 1.22.1 reads it
+    /// (`tests/nginx_diff.rs`, `/raw/chunked-bare-lf`).
     #[test]
     fn chunked_bodies_and_their_trailers_are_read_strictly() {
         let r = read(
@@ -1018,9 +1020,11 @@ mod tests {
                 false,
             )
         };
+        let bare = chunked("2\nok\n0\nx: 1\n\n").unwrap();
+        assert_eq!((&bare.body[..], bare.trailers.len()), (&b"ok"[..], 1));
         for bad in [
             "2\r\nokX\r\n0\r\n\r\n",
-            "2\nok\r\n0\r\n\r\n",
+            "2\rok\r\n0\r\n\r\n",
             "\r\nok\r\n0\r\n\r\n",
             "x2\r\nok\r\n0\r\n\r\n",
             "2 x\r\nok\r\n0\r\n\r\n",
