@@ -345,8 +345,10 @@ impl Sidecar {
         );
         // The drain runs in order: the facade stops taking connections and
         // finishes the requests it has — relayed ones need the agents'
-        // streams — and only then do the streams end and the leases go, so
-        // no request in flight is cut and the account moves once.
+        // streams —, the relays peers forwarded are answered (new ones
+        // refused as retryable), and only then do the streams end and the
+        // leases go, so no request in flight is cut and the account moves
+        // once.
         let streams = CancellationToken::new();
         let registered = ownership.register().await;
         let recorder = ownership::versions::Recorder::new(
@@ -456,6 +458,17 @@ impl Sidecar {
             let accounts = self.accounts.clone();
             async move {
                 serve.await;
+                // Peers forward requests here through the peer port, which
+                // outlives the facade's listener: new ones are refused as
+                // retryable from now on, and those already with an agent
+                // are answered before the streams end.
+                let cut = accounts.close_relays(facade::DEFAULT_DRAIN_GRACE).await;
+                if cut > 0 {
+                    tracing::warn!(
+                        requests = cut,
+                        "drain grace over with relayed requests in flight; they fail"
+                    );
+                }
                 // What this sidecar gives up: new owners fetch their caches
                 // before it exits (below).
                 let leaving: Vec<String> = accounts

@@ -101,6 +101,9 @@ struct Table {
     requests: HashMap<u64, Pending>,
     /// The agent sent `RelayDrain`: no new requests here.
     draining: bool,
+    /// The sidecar drains: no new requests here either, and `settled` once
+    /// none is left (the stream itself goes on until the sidecar ends it).
+    closing: bool,
 }
 
 /// The facade's handle on an account's relay stream; cheap to clone.
@@ -112,13 +115,15 @@ pub struct RelayHandle {
     /// Cancelled when a draining stream has answered everything: the
     /// tunnel then ends the stream towards the agent.
     ended: CancellationToken,
+    /// Cancelled when a closing stream has answered everything.
+    settled: CancellationToken,
 }
 
-/// The table of a stream's requests, locked; ends a draining stream that
-/// is left with none when it is let go.
+/// The table of a stream's requests, locked; ends a draining stream, and
+/// settles a closing one, that is left with none when it is let go.
 struct Requests<'a> {
     table: std::sync::MutexGuard<'a, Table>,
-    ended: &'a CancellationToken,
+    handle: &'a RelayHandle,
 }
 
 impl std::ops::Deref for Requests<'_> {
@@ -136,8 +141,13 @@ impl std::ops::DerefMut for Requests<'_> {
 
 impl Drop for Requests<'_> {
     fn drop(&mut self) {
-        if self.table.draining && self.table.requests.is_empty() {
-            self.ended.cancel();
+        if self.table.requests.is_empty() {
+            if self.table.draining {
+                self.handle.ended.cancel();
+            }
+            if self.table.closing {
+                self.handle.settled.cancel();
+            }
         }
     }
 }
@@ -155,6 +165,7 @@ impl RelayHandle {
             tx,
             table: Arc::default(),
             ended: CancellationToken::new(),
+            settled: CancellationToken::new(),
         }
     }
 
@@ -166,15 +177,16 @@ impl RelayHandle {
     fn pending(&self) -> Requests<'_> {
         Requests {
             table: self.table.lock().unwrap_or_else(PoisonError::into_inner),
-            ended: &self.ended,
+            handle: self,
         }
     }
 
     /// Registers request `id` before its head is sent; `None` once the
-    /// stream drains (the account has a newer one: send it there).
+    /// stream drains (the account has a newer one: send it there) or
+    /// closes (the sidecar drains).
     pub fn register(&self, id: u64) -> Option<Exchange> {
         let mut pending = self.pending();
-        if pending.table.draining {
+        if pending.table.draining || pending.table.closing {
             return None;
         }
         let (head_tx, head) = oneshot::channel();
@@ -193,6 +205,14 @@ impl RelayHandle {
     /// and end this stream once those it carries are answered.
     pub fn drain(&self) {
         self.pending().table.draining = true;
+    }
+
+    /// The sidecar drains: take no new requests. The token is cancelled
+    /// once every request the stream carries is answered (at once when it
+    /// carries none); the stream stays open until the sidecar ends it.
+    pub fn close(&self) -> CancellationToken {
+        self.pending().table.closing = true;
+        self.settled.clone()
     }
 
     /// Whether the agent said this stream drains.
@@ -454,6 +474,32 @@ mod tests {
         assert_eq!(ex.head.await.unwrap().head.unwrap().status, 201);
         assert_eq!(ex.body.recv().await.unwrap(), "ab");
         assert!(ex.body.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_closing_stream_takes_no_new_request_and_settles_once_answered() {
+        let (tx, _rx) = mpsc::channel(4);
+        let h = RelayHandle::new(tx);
+        let ex = h.register(1).unwrap();
+        let settled = h.close();
+        assert!(h.register(2).is_none(), "a closing stream takes no request");
+        assert!(!settled.is_cancelled(), "request 1 is still in flight");
+        h.on_head(head(1));
+        assert!(!settled.is_cancelled(), "its body is still coming");
+        h.on_body(chunk(1, b"", true));
+        assert!(settled.is_cancelled());
+        assert!(
+            !h.ended().is_cancelled(),
+            "the stream itself ends with the sidecar, not when settled"
+        );
+        drop(ex);
+
+        let (tx, _rx) = mpsc::channel(4);
+        let idle = RelayHandle::new(tx);
+        assert!(
+            idle.close().is_cancelled(),
+            "nothing in flight: settled at once"
+        );
     }
 
     #[tokio::test]

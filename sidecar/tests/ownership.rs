@@ -7,6 +7,7 @@
 
 mod common;
 
+use anyhow::Context as _;
 use common::*;
 use futures::StreamExt as _;
 use serde_json::json;
@@ -681,5 +682,91 @@ async fn a_sidecar_without_a_sidecar_identity_is_neither_forwarded_to_nor_served
     drop((moved, at_c, to_a, to_c));
     c.stop().await?;
     a.stop().await?;
+    b.stop().await
+}
+
+/// A rolling restart: the owner drains (SIGTERM) while a write another
+/// sidecar forwarded to it is with the agent. The owner's own facade holds
+/// no request, but that write is answered before the owner's streams end;
+/// a request forwarded after the drain began is refused as retryable
+/// (`Retry-After`: client-go sends it again) before it reaches the agent.
+#[tokio::test]
+async fn a_draining_owner_answers_the_writes_its_peers_forwarded() -> anyhow::Result<()> {
+    use spinlink_proto::v1::{self, relay_down, relay_up};
+    let (_store, _pki, a, b) = two_sidecars(30).await?;
+    let mut to_a = a.client().await?;
+    let _cache = serve_prod(&a, &mut to_a).await?;
+    let mut relay = RelayStream::open(&mut to_a, "prod").await?;
+    wait_status(&a, "prod", |s| s.relay).await?;
+    let http = http();
+    let url = b.url("/accounts/prod/api/v1/namespaces/demo/configmaps");
+    const BODY: &str = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}"#;
+    let write = spawn_request(&http, "POST", &url, &[], BODY);
+    let relay_down::Msg::Head(head) = relay.next().await? else {
+        anyhow::bail!("expected the write's head");
+    };
+    assert_eq!(head.method, "POST");
+    while !matches!(relay.next().await?, relay_down::Msg::Body(b) if b.end_stream) {}
+
+    a.shutdown.cancel();
+    // The owner's facade has stopped taking connections.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(a.facade).await.is_ok() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the facade still listens"
+        );
+        tokio::task::yield_now().await;
+    }
+    let later = request(&http, "POST", &url, &[], BODY).await?;
+    assert_eq!(
+        later.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&later.body)
+    );
+    assert_eq!(
+        later
+            .headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1"),
+        "{}",
+        later.message()
+    );
+
+    let created = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c","namespace":"demo","resourceVersion":"9"}}"#;
+    relay
+        .send(relay_up::Msg::Head(v1::ResponseHead {
+            id: head.id,
+            status: 201,
+            headers: vec![v1::Header {
+                name: "content-type".into(),
+                value: b"application/json".to_vec(),
+            }],
+            timing: None,
+        }))
+        .await
+        .context("the owner ended the relay stream with the write unanswered")?;
+    relay
+        .send(relay_up::Msg::Body(v1::BodyChunk {
+            id: head.id,
+            data: created.as_bytes().to_vec(),
+            end_stream: true,
+        }))
+        .await
+        .context("the owner ended the relay stream with the write unanswered")?;
+    let answer = write.await??;
+    assert_eq!(
+        (answer.status, &answer.body[..]),
+        (201, created.as_bytes()),
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    // Nothing else reached the agent; the owner's streams end and it exits.
+    let end =
+        tokio::time::timeout(std::time::Duration::from_secs(10), relay.down.message()).await?;
+    assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
+    a.task.await??;
     b.stop().await
 }

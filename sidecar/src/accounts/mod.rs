@@ -35,6 +35,9 @@ pub struct Accounts {
     /// Where relayed operations are recorded; none in unit tests.
     journal: Option<Journal>,
     instance: Arc<str>,
+    /// Cancelled when the sidecar drains: no account relays new requests
+    /// ([`Accounts::close_relays`]).
+    relays_closing: CancellationToken,
 }
 
 impl Default for Accounts {
@@ -44,6 +47,7 @@ impl Default for Accounts {
             changes: watch::Sender::new(0),
             journal: None,
             instance: Arc::from(crate::config::DEFAULT_INSTANCE_ID),
+            relays_closing: CancellationToken::new(),
         }
     }
 }
@@ -344,6 +348,8 @@ pub struct Account {
     /// Whether its reads are allowed, as the API server last said
     /// ([`authz`]); apart from `state` so a review waits on neither.
     decisions: Mutex<authz::Decisions>,
+    /// The registry's: cancelled when the sidecar drains.
+    relays_closing: CancellationToken,
 }
 
 #[derive(Debug)]
@@ -411,7 +417,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Account {
-    fn new(name: &str, changes: watch::Sender<u64>, journal: Option<Journal>) -> Self {
+    fn new(
+        name: &str,
+        changes: watch::Sender<u64>,
+        journal: Option<Journal>,
+        relays_closing: CancellationToken,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             cache: RwLock::default(),
@@ -437,6 +448,7 @@ impl Account {
             changes,
             journal,
             decisions: Mutex::default(),
+            relays_closing,
         }
     }
 
@@ -687,6 +699,11 @@ impl Account {
         let mut s = lock(&self.state);
         held_by_another(&self.name, &s, identity)?;
         identity.clone_into(&mut s.agent_identity);
+        // Checked under the lock [`Accounts::close_relays`] reads the
+        // streams under: a stream is closed here or there, never neither.
+        if self.relays_closing.is_cancelled() {
+            handle.close();
+        }
         s.relays.push(handle);
         drop(s);
         self.changed();
@@ -716,6 +733,12 @@ impl Account {
     /// The relay stream that serves: the newest open one.
     pub fn relay(&self) -> Option<RelayHandle> {
         lock(&self.state).relays.last().cloned()
+    }
+
+    /// Cancelled when the sidecar drains: the account relays no new
+    /// request here from then on (it is about to move).
+    pub fn relays_closing(&self) -> &CancellationToken {
+        &self.relays_closing
     }
 
     /// A new request id, unique within the account.
@@ -1103,6 +1126,28 @@ impl Accounts {
             .cloned()
     }
 
+    /// The sidecar drains: from now on no account relays a new request
+    /// (each is refused as retryable: the account is about to move), and
+    /// this resolves once every request the relay streams carry is
+    /// answered, or at `grace`. Until then the streams stay open: peers
+    /// forward requests here through the peer port, which outlives the
+    /// facade's listener, so the facade's own drain does not cover them.
+    /// Returns how many requests were still in flight at `grace`.
+    pub async fn close_relays(&self, grace: std::time::Duration) -> usize {
+        self.relays_closing.cancel();
+        let handles: Vec<RelayHandle> = self
+            .all()
+            .iter()
+            .flat_map(|a| lock(&a.state).relays.clone())
+            .collect();
+        let settled =
+            futures::future::join_all(handles.iter().map(|h| h.close().cancelled_owned()));
+        match tokio::time::timeout(grace, settled).await {
+            Ok(_) => 0,
+            Err(_) => handles.iter().map(RelayHandle::in_flight).sum(),
+        }
+    }
+
     /// Account `name`, created if unknown.
     pub fn get_or_create(&self, name: &str) -> Arc<Account> {
         if let Some(a) = self.get(name) {
@@ -1118,6 +1163,7 @@ impl Accounts {
                     name,
                     self.changes.clone(),
                     self.journal.clone(),
+                    self.relays_closing.clone(),
                 ))
             })
             .clone();
@@ -1236,9 +1282,38 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn closing_relays_waits_for_what_they_carry_and_closes_later_streams_too() {
+        let accounts = Accounts::new();
+        let prod = accounts.get_or_create("prod");
+        let (tx, _rx) = tokio::sync::mpsc::channel(4);
+        let busy = RelayHandle::new(tx);
+        prod.attach_relay("agent", busy.clone()).unwrap();
+        let in_flight = busy.register(1).unwrap();
+        // Unanswered: the drain gives up at its grace and says how many.
+        let grace = Duration::from_secs(5);
+        assert_eq!(accounts.close_relays(grace).await, 1);
+        assert!(prod.relays_closing().is_cancelled());
+        assert!(
+            busy.register(2).is_none(),
+            "a closed stream takes no request"
+        );
+        // A stream the agent opens after the drain began is closed too.
+        let (tx, _rx) = tokio::sync::mpsc::channel(4);
+        let late = RelayHandle::new(tx);
+        prod.attach_relay("agent", late.clone()).unwrap();
+        assert!(late.register(3).is_none(), "a later stream took a request");
+        // Answered: the drain ends at once.
+        drop(in_flight);
+        busy.cancel(1);
+        let start = tokio::time::Instant::now();
+        assert_eq!(accounts.close_relays(grace).await, 0);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
     #[test]
     fn seq_tracking_acks_highest_contiguous() {
-        let a = Account::new("a", watch::Sender::new(0), None);
+        let a = Account::new("a", watch::Sender::new(0), None, CancellationToken::new());
         assert_eq!(a.record_seq(5), (5, false));
         assert_eq!(a.record_seq(6), (6, false));
         assert_eq!(a.record_seq(4), (6, false));
@@ -1248,7 +1323,7 @@ mod tests {
 
     #[test]
     fn an_agent_that_reports_synced_is_synced_once_it_says_so() {
-        let a = Account::new("a", watch::Sender::new(0), None);
+        let a = Account::new("a", watch::Sender::new(0), None, CancellationToken::new());
         let scope = NamespaceScope::default();
         a.open_cache("id", scope.clone(), None, true).unwrap();
         // Whatever kinds have started and synced, more may start.
@@ -1299,7 +1374,7 @@ mod tests {
 
     #[test]
     fn a_cache_of_another_cluster_under_the_same_name_is_dropped() {
-        let a = Account::new("a", watch::Sender::new(0), None);
+        let a = Account::new("a", watch::Sender::new(0), None, CancellationToken::new());
         let pods = spinlink_proto::v1::Kind {
             group: String::new(),
             version: "v1".into(),

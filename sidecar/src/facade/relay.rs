@@ -29,6 +29,7 @@ use super::route::{Query, ResourcePath};
 use crate::accounts::{Account, Operation, Outcome};
 use crate::cache::KindKey;
 use crate::http::body::{self, Body, BoxError};
+use crate::ownership;
 use crate::relay::RelayHandle;
 use spinlink_kube_api::{Status, protobuf};
 
@@ -262,6 +263,17 @@ where
             Some(_) => deadline.min(tokio::time::Instant::now() + RESEND_WAIT),
         };
         let Some((handle, exchange)) = exchange_on(&account, id, closed, wait_until).await else {
+            if account.relays_closing().is_cancelled() {
+                // Nothing went to the agent: the client may send it again,
+                // to the account's next owner.
+                let status = Status::unavailable(format!(
+                    "this sidecar is draining; account {:?} is moving to another; retry",
+                    account.name()
+                ));
+                let mut resp = fail(&account, op, Outcome::Unavailable, status);
+                ownership::mark_retryable(&mut resp);
+                return resp;
+            }
             let status = match closed {
                 None => Status::unavailable(format!(
                     "account {:?} has no relay stream from its agent",
@@ -376,7 +388,8 @@ pub const RESEND_WAIT: Duration = Duration::from_secs(5);
 /// is the stream `closed` (which closed under it: then wait, until
 /// `wait_until`, for the agent's next one). A stream that drains takes no new
 /// request; the tunnel detaches it at once, so the next look finds the one
-/// that replaced it. `None` when there is no stream to use.
+/// that replaced it. `None` when there is no stream to use, or once the
+/// sidecar drains ([`Account::relays_closing`]).
 async fn exchange_on(
     account: &Account,
     id: u64,
@@ -384,7 +397,11 @@ async fn exchange_on(
     wait_until: tokio::time::Instant,
 ) -> Option<(RelayHandle, crate::relay::Exchange)> {
     let mut changes = account.changes();
+    let closing = account.relays_closing();
     loop {
+        if closing.is_cancelled() {
+            return None;
+        }
         let newest = account.relay().filter(|h| Some(h.serial()) != closed);
         match newest {
             Some(handle) => {
@@ -397,9 +414,12 @@ async fn exchange_on(
             None if closed.is_none() => return None,
             None => {}
         }
-        match tokio::time::timeout_at(wait_until, changes.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => return None,
+        tokio::select! {
+            changed = tokio::time::timeout_at(wait_until, changes.changed()) => match changed {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return None,
+            },
+            () = closing.cancelled() => return None,
         }
     }
 }

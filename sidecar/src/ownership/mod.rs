@@ -549,9 +549,16 @@ impl Ownership {
 /// A 503 Status with `Retry-After: 1`: kubectl and client-go retry it.
 pub fn retryable(message: String) -> Response<Body> {
     let mut resp = body::status(&Status::unavailable(message));
+    mark_retryable(&mut resp);
+    resp
+}
+
+/// Tells the client to send the request again in a second: client-go (and
+/// so kubectl) sends any request again, its body rewound, on a 429 or 5xx
+/// with `Retry-After` (`checkWait` in client-go's `rest/with_retry.go`).
+pub fn mark_retryable(resp: &mut Response<Body>) {
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    resp
 }
 
 #[cfg(test)]
