@@ -119,17 +119,30 @@ fn raw_answer(name: &str) -> &'static [u8] {
         .map_or(b"", |(_, a)| a)
 }
 
-/// The configuration both servers run; only the port differs.
-fn nginx_conf(
-    dir: &Path,
-    port: u16,
+/// The upstreams a front's configuration names.
+#[derive(Clone, Copy)]
+struct Upstreams {
     echo: SocketAddr,
     echo_tls: SocketAddr,
     grpc: SocketAddr,
+    /// One per front, so each front's requests are logged apart.
     closing: SocketAddr,
     raw: SocketAddr,
-) -> String {
+    silent: SocketAddr,
+}
+
+/// The configuration both servers run; only the port and the closing
+/// upstream differ.
+fn nginx_conf(dir: &Path, port: u16, up: Upstreams) -> String {
     let d = dir.display();
+    let Upstreams {
+        echo,
+        echo_tls,
+        grpc,
+        closing,
+        raw,
+        silent,
+    } = up;
     format!(
         r#"
 worker_processes 1;
@@ -156,6 +169,7 @@ http {{
     upstream closing {{ server {closing}; keepalive 8; }}
     upstream raw {{ server {raw}; keepalive 8; }}
     upstream failover {{ server {raw} max_fails=0; server {echo} backup; }}
+    upstream hung {{ server {silent} max_fails=0; server {echo} backup; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -194,6 +208,10 @@ http {{
         }}
         location /failover/ {{
             proxy_pass http://failover;
+        }}
+        location /hung/ {{
+            proxy_pass http://hung;
+            proxy_read_timeout 1s;
         }}
         location /ws {{
             proxy_pass http://deck;
@@ -881,20 +899,23 @@ async fn nginx_and_the_gateway_answer_alike() {
     let (nginx_closing, nginx_closing_log) =
         spinlink_gateway::test_support::closing_upstream().await;
     let (gw_closing, gw_closing_log) = spinlink_gateway::test_support::closing_upstream().await;
-    let raw = spinlink_gateway::test_support::raw_upstream(raw_answer).await;
+    let upstreams = Upstreams {
+        echo,
+        echo_tls,
+        grpc: grpc_addr,
+        closing: nginx_closing,
+        raw: spinlink_gateway::test_support::raw_upstream(raw_answer).await,
+        silent: spinlink_gateway::test_support::silent_upstream().await,
+    };
     let (nginx_port, gw_port) = (free_port(), free_port());
     let nginx_conf_path: PathBuf = d.join("nginx.conf");
-    std::fs::write(
-        &nginx_conf_path,
-        nginx_conf(d, nginx_port, echo, echo_tls, grpc_addr, nginx_closing, raw),
-    )
-    .unwrap();
+    std::fs::write(&nginx_conf_path, nginx_conf(d, nginx_port, upstreams)).unwrap();
     let gw_conf_path: PathBuf = d.join("gateway-nginx.conf");
-    std::fs::write(
-        &gw_conf_path,
-        nginx_conf(d, gw_port, echo, echo_tls, grpc_addr, gw_closing, raw),
-    )
-    .unwrap();
+    let gw_upstreams = Upstreams {
+        closing: gw_closing,
+        ..upstreams
+    };
+    std::fs::write(&gw_conf_path, nginx_conf(d, gw_port, gw_upstreams)).unwrap();
 
     let _nginx = Nginx(
         std::process::Command::new(NGINX)
@@ -1051,6 +1072,33 @@ async fn nginx_and_the_gateway_answer_alike() {
             Req {
                 method: "DELETE",
                 ..Req::get("deck.test", "/failover/delete")
+            },
+            false,
+        ),
+        // The first server reads each request and never answers: after the
+        // location's read timeout, the same rule as a failure (nginx's
+        // default `proxy_next_upstream error timeout`), and 504 where
+        // nothing answered.
+        (
+            "sent, timed out, next server",
+            Req::get("deck.test", "/hung/get"),
+            false,
+        ),
+        (
+            "sent, timed out, next server h2",
+            Req::get("deck.test", "/hung/get"),
+            true,
+        ),
+        (
+            "sent, timed out, not idempotent",
+            post("deck.test", "/hung/post", b"", false),
+            false,
+        ),
+        (
+            "sent, timed out, DELETE",
+            Req {
+                method: "DELETE",
+                ..Req::get("deck.test", "/hung/delete")
             },
             false,
         ),

@@ -56,6 +56,28 @@ async fn serve(s: tokio::net::TcpStream, conn: usize, seen: RequestLog) {
     }
 }
 
+/// A raw HTTP/1.1 upstream on loopback that reads each request's head and
+/// never answers, holding the connection until its client closes it: a
+/// server that hangs. Serves until the runtime ends.
+pub async fn silent_upstream() -> SocketAddr {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding a loopback port");
+    let addr = tcp.local_addr().expect("bound address");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = tcp.accept().await {
+            tokio::spawn(async move {
+                let mut s = tokio::io::BufReader::new(s);
+                if read_head(&mut s).await.is_some() {
+                    // Whatever else comes is read and dropped until the end.
+                    let _ = tokio::io::copy(&mut s, &mut tokio::io::sink()).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A raw HTTP/1.1 upstream on loopback that answers each request for
 /// `/raw/<name>` with `answer(name)`'s bytes exactly as given, then closes
 /// the connection (an answer read until the close ends there). Serves

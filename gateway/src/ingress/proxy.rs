@@ -440,6 +440,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     });
 
     let mut last_error = None;
+    // What the client gets when no server answers: the last failure's
+    // status, as nginx answers (504 after a timeout, 502 otherwise).
+    let mut no_answer = (StatusCode::BAD_GATEWAY, "502 Bad Gateway");
     let pool = ctx.pool;
     let order = pool.order();
     if order.is_empty() {
@@ -508,6 +511,16 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         )
         .await;
         match sent {
+            // A request that may be sent again goes on to the next server,
+            // as with nginx's `proxy_next_upstream timeout` (in its
+            // default); nginx also sends a POST on whose connection timed
+            // out before it was written, which the gateway cannot tell.
+            Err(_) if !has_body && super::client::sendable_again(&parts.method) => {
+                tracing::info!(upstream = addr, "upstream timed out; trying the next");
+                pool.failed(server);
+                no_answer = (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
+                continue;
+            }
             Err(_) => {
                 tracing::info!(upstream = addr, "upstream timed out");
                 pool.failed(server);
@@ -528,6 +541,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                 tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
                 pool.failed(server);
                 last_error = Some(e);
+                no_answer = (StatusCode::BAD_GATEWAY, "502 Bad Gateway");
                 continue;
             }
             Ok(Err(e)) => {
@@ -583,10 +597,11 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
             }
         }
     }
-    if let Some(e) = last_error {
-        tracing::warn!(pool = pool.name, error = %e, "no upstream server answered");
+    match last_error {
+        Some(e) => tracing::warn!(pool = pool.name, error = %e, "no upstream server answered"),
+        None => tracing::warn!(pool = pool.name, "no upstream server answered in time"),
     }
-    error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
+    error_page(no_answer.0, no_answer.1)
 }
 
 /// Where an HTTP/1.1 upstream connection lent to one response goes back
