@@ -16,20 +16,31 @@ pub type RequestLog = Arc<Mutex<Vec<(usize, String)>>>;
 /// idle timeout meeting a request on the wire. Serves until the runtime
 /// ends.
 pub async fn closing_upstream() -> (SocketAddr, RequestLog) {
+    let log = RequestLog::default();
+    let seen = log.clone();
+    let addr = serve_each(move |s, conn| serve(s, conn, seen.clone())).await;
+    (addr, log)
+}
+
+/// Listens on a loopback port and runs `handle` on each connection
+/// accepted (counted from 1) in a task of its own, until the runtime ends.
+async fn serve_each<F, Fut>(handle: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream, usize) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binding a loopback port");
     let addr = tcp.local_addr().expect("bound address");
-    let log = RequestLog::default();
-    let seen = log.clone();
     tokio::spawn(async move {
         let mut conns = 0;
         while let Ok((s, _)) = tcp.accept().await {
             conns += 1;
-            tokio::spawn(serve(s, conns, seen.clone()));
+            tokio::spawn(handle(s, conns));
         }
     });
-    (addr, log)
+    addr
 }
 
 /// One connection of [`closing_upstream`].
@@ -60,22 +71,14 @@ async fn serve(s: tokio::net::TcpStream, conn: usize, seen: RequestLog) {
 /// never answers, holding the connection until its client closes it: a
 /// server that hangs. Serves until the runtime ends.
 pub async fn silent_upstream() -> SocketAddr {
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding a loopback port");
-    let addr = tcp.local_addr().expect("bound address");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = tcp.accept().await {
-            tokio::spawn(async move {
-                let mut s = tokio::io::BufReader::new(s);
-                if read_head(&mut s).await.is_some() {
-                    // Whatever else comes is read and dropped until the end.
-                    let _ = tokio::io::copy(&mut s, &mut tokio::io::sink()).await;
-                }
-            });
+    serve_each(|s, _| async move {
+        let mut s = tokio::io::BufReader::new(s);
+        if read_head(&mut s).await.is_some() {
+            // Whatever else comes is read and dropped until the end.
+            let _ = tokio::io::copy(&mut s, &mut tokio::io::sink()).await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// A raw HTTP/1.1 upstream on loopback that answers each request for
@@ -83,29 +86,21 @@ pub async fn silent_upstream() -> SocketAddr {
 /// the connection (an answer read until the close ends there). Serves
 /// until the runtime ends.
 pub async fn raw_upstream(answer: fn(&str) -> &'static [u8]) -> SocketAddr {
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding a loopback port");
-    let addr = tcp.local_addr().expect("bound address");
-    tokio::spawn(async move {
-        while let Ok((s, _)) = tcp.accept().await {
-            tokio::spawn(async move {
-                let mut s = tokio::io::BufReader::new(s);
-                let Some((first, _)) = read_head(&mut s).await else {
-                    return;
-                };
-                let name = first
-                    .split(' ')
-                    .nth(1)
-                    .and_then(|p| p.strip_prefix("/raw/"))
-                    .unwrap_or("");
-                let mut s = s.into_inner();
-                let _ = s.write_all(answer(name)).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    addr
+    serve_each(move |s, _| async move {
+        let mut s = tokio::io::BufReader::new(s);
+        let Some((first, _)) = read_head(&mut s).await else {
+            return;
+        };
+        let name = first
+            .split(' ')
+            .nth(1)
+            .and_then(|p| p.strip_prefix("/raw/"))
+            .unwrap_or("");
+        let mut s = s.into_inner();
+        let _ = s.write_all(answer(name)).await;
+        let _ = s.shutdown().await;
+    })
+    .await
 }
 
 /// Reads one request head off `s`: its request line and its
