@@ -940,6 +940,11 @@ async fn nginx_and_the_gateway_answer_alike() {
     let nginx_addr: SocketAddr = ([127, 0, 0, 1], nginx_port).into();
 
     let big = vec![b'x'; 2000];
+    // On the UI server's connection, naming another host.
+    let bad_host = |host: &'static str| Req {
+        host,
+        ..Req::get("deck.test", "/")
+    };
     let post = |host: &'static str, path: &'static str, body: &[u8], stream: bool| Req {
         method: "POST",
         body: body.to_vec(),
@@ -1049,6 +1054,35 @@ async fn nginx_and_the_gateway_answer_alike() {
             true,
         ),
         ("read timeout", Req::get("deck.test", "/slow"), false),
+        // Hosts nginx's ngx_http_validate_host refuses (400) or reads
+        // otherwise than as they are written.
+        ("host with two dots in a row", bad_host("deck..test"), false),
+        (
+            "host with two dots in a row h2",
+            bad_host("deck..test"),
+            true,
+        ),
+        ("host with a slash", bad_host("deck.test/x"), false),
+        ("host that is a port alone", bad_host(":8443"), false),
+        ("host with two trailing dots", bad_host("api.test.."), false),
+        ("host with a trailing dot", bad_host("api.test."), false),
+        // nginx's 421 looks at the server the Host names, not the SNI's.
+        (
+            "host of a client-checking server, sni of another",
+            Req {
+                sni: "deck.test",
+                ..Req::get("api.test", "/api/x")
+            },
+            false,
+        ),
+        (
+            "host of a server without client checks, sni of a checking one",
+            Req {
+                sni: "api.test",
+                ..Req::get("deck.test", "/")
+            },
+            false,
+        ),
         // The first server takes each request and closes without an
         // answer; the backup answers. What was sent goes on to the next
         // server unless its method is not idempotent.

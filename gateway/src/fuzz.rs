@@ -377,6 +377,27 @@ pub fn relay_server(data: &[u8]) {
     });
 }
 
+/// A request's host (`Host` or `:authority`) as the ingress reads it to
+/// pick a server: any bytes are read or refused without a panic; a name
+/// read is not empty, lowercase, has no `/`, NUL or two dots in a row, and
+/// is what the value says before its port (one trailing dot dropped).
+pub fn host(data: &[u8]) {
+    let Ok(name) = crate::ingress::validate_host(data) else {
+        return;
+    };
+    assert!(!name.is_empty());
+    assert!(
+        !name
+            .bytes()
+            .any(|b| b.is_ascii_uppercase() || b == b'/' || b == 0)
+    );
+    assert!(!name.contains(".."), "{name:?}");
+    if !data.contains(&b':') && !data.starts_with(b"[") && data.is_ascii() {
+        let written = std::str::from_utf8(data).unwrap().to_ascii_lowercase();
+        assert_eq!(written.strip_suffix('.').unwrap_or(&written), name);
+    }
+}
+
 /// An HTTP/1.1 answer from an upstream server, as the ingress's own
 /// exchange reads it (`ingress::h1`): the first byte is the size of the
 /// reads the rest arrives in (the high bit: the answer is to a `HEAD`).
@@ -472,6 +493,21 @@ mod tests {
                 ])
                 .max_len(1024)
                 .run(super::h1_answer);
+        }
+
+        #[test]
+        fn fuzz_host() {
+            Fuzz::new("host")
+                .seeds([
+                    &b"Deck.Test:8443"[..],
+                    b"[::1]:443",
+                    b"a.b.",
+                    b"a..b",
+                    b"x/y",
+                ])
+                .dictionary([&b"."[..], b":", b"[", b"]", b"/"])
+                .max_len(64)
+                .run(super::host);
         }
 
         #[test]

@@ -379,7 +379,10 @@ impl Ingress {
     /// Whether some location claims `(host, path)` — otherwise the listener
     /// may hand the request to the agent tunnel.
     pub fn claims(&self, req: &Request<Incoming>, conn: &ConnInfo) -> bool {
-        let host = request_host(req);
+        // A host nginx would refuse is the ingress's to refuse (400).
+        let Ok(host) = request_host(req) else {
+            return true;
+        };
         let server = &self.servers[self.server_for(host.as_deref(), conn)];
         select(&server.routes, req.uri().path()).is_some_and(|r| r.target.is_some())
     }
@@ -398,15 +401,19 @@ impl Ingress {
 
     /// Serves one request.
     pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
-        let host = request_host(&req);
+        let Ok(host) = request_host(&req) else {
+            tracing::debug!(remote = %conn.remote, "client sent an invalid host");
+            return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
+        };
         let si = self.server_for(host.as_deref(), conn);
         let server = &self.servers[si];
-        // nginx refuses a request for another server than the one whose
-        // client-certificate settings the handshake used (421).
-        if let (Some(tls_server), Some(sni), Some(h)) = (conn.tls_server, &conn.sni, &host)
+        // A request naming another host than the handshake's SNI is refused
+        // when the server it names checks client certificates (421), as
+        // nginx 1.22.1's `ngx_http_set_virtual_server` does: that server's
+        // check did not run in the handshake.
+        if let (Some(_), Some(sni), Some(h)) = (conn.tls_server, &conn.sni, &host)
             && !sni.eq_ignore_ascii_case(h)
-            && self.servers[tls_server].verify != VerifyClient::Off
-            && tls_server != si
+            && server.verify != VerifyClient::Off
         {
             return error_page(StatusCode::MISDIRECTED_REQUEST, "421 Misdirected Request");
         }
@@ -605,27 +612,68 @@ fn select<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
     Some(select(&best.children, path).unwrap_or(best))
 }
 
-/// The host a request names: HTTP/2 `:authority`, else `Host`; without the
-/// port, lowercase.
-fn request_host<B>(req: &Request<B>) -> Option<String> {
+/// A host nginx refuses (400): see [`validate_host`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InvalidHost;
+
+/// The host a request names: HTTP/2 `:authority` (or an absolute URI's),
+/// else `Host`, read by [`validate_host`]; `Ok(None)` when it names none.
+fn request_host<B>(req: &Request<B>) -> Result<Option<String>, InvalidHost> {
     let raw = match req.uri().authority() {
-        Some(a) => a.host(),
-        None => {
-            let h = req.headers().get(http::header::HOST)?.to_str().ok()?;
-            let h = h.trim();
-            match h.strip_prefix('[') {
-                // An IPv6 literal keeps its brackets (one is added where it
-                // was left open) and drops the port.
-                Some(rest) => {
-                    let literal = rest.split(']').next().unwrap_or("");
-                    return Some(format!("[{}]", literal.to_ascii_lowercase()));
-                }
-                None => h.split(':').next().unwrap_or(""),
-            }
-        }
+        Some(a) => a.as_str().as_bytes(),
+        None => match req.headers().get(http::header::HOST) {
+            Some(h) => h.as_bytes().trim_ascii(),
+            None => return Ok(None),
+        },
     };
-    let raw = raw.trim_end_matches('.');
-    (!raw.is_empty()).then(|| raw.to_ascii_lowercase())
+    validate_host(raw).map(Some)
+}
+
+/// A host as nginx 1.22.1's `ngx_http_validate_host`
+/// (src/http/ngx_http_request.c) reads it, which names the server: the
+/// name before the port (an IPv6 literal up to its `]`), one trailing dot
+/// dropped, lowercase. Refused: two dots in a row, a NUL or a `/`
+/// anywhere, nothing left.
+pub(crate) fn validate_host(raw: &[u8]) -> Result<String, InvalidHost> {
+    #[derive(PartialEq)]
+    enum State {
+        Usual,
+        Literal,
+        Rest,
+    }
+    let mut state = State::Usual;
+    let mut len = raw.len();
+    let mut last_dot = None;
+    for (i, &ch) in raw.iter().enumerate() {
+        match ch {
+            b'.' => {
+                if last_dot.is_some_and(|d| d + 1 == i) {
+                    return Err(InvalidHost);
+                }
+                last_dot = Some(i);
+            }
+            b':' if state == State::Usual => {
+                len = i;
+                state = State::Rest;
+            }
+            b'[' if i == 0 => state = State::Literal,
+            b']' if state == State::Literal => {
+                len = i + 1;
+                state = State::Rest;
+            }
+            b'\0' | b'/' => return Err(InvalidHost),
+            _ => {}
+        }
+    }
+    if len > 0 && last_dot == Some(len - 1) {
+        len -= 1;
+    }
+    if len == 0 {
+        return Err(InvalidHost);
+    }
+    // Header values are visible ASCII or obs-text; obs-text is kept as
+    // nginx keeps its bytes (no server is named so).
+    Ok(String::from_utf8_lossy(&raw[..len]).to_ascii_lowercase())
 }
 
 /// An error response shaped like nginx's built-in pages.

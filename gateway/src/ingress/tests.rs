@@ -893,32 +893,51 @@ server {{
 }
 
 /// The host a request names, as server selection and `$host` read it. The
-/// oracle is nginx's `ngx_http_validate_host` (src/http/ngx_http_request.c):
-/// the name before the port (an IPv6 literal with its brackets), one
-/// trailing dot dropped, lowercase. Where nginx declines a host (`:8443`,
-/// `.`: nothing left) it answers 400; the gateway has no name and picks the
-/// server by SNI or the default.
+/// oracle is nginx 1.22.1's `ngx_http_validate_host`
+/// (src/http/ngx_http_request.c), and the real nginx in
+/// `tests/nginx_diff.rs` for the refusals: the name before the port (an
+/// IPv6 literal up to its `]`), one trailing dot dropped, lowercase; two
+/// dots in a row, a `/` or a NUL, or nothing left, is refused (400).
 #[test]
 fn the_request_host_is_the_name_without_port_or_trailing_dot_in_lowercase() {
-    let by_host = |h: &str| {
-        let req = Request::get("/").header("host", h).body(()).unwrap();
+    let by_host = |h: &[u8]| {
+        let value = http::HeaderValue::from_bytes(h).unwrap();
+        let req = Request::get("/").header("host", value).body(()).unwrap();
         super::request_host(&req)
     };
-    assert_eq!(by_host("App.Test:8443").as_deref(), Some("app.test"));
-    assert_eq!(by_host(" app.test. ").as_deref(), Some("app.test"));
-    assert_eq!(by_host("[::1]:8443").as_deref(), Some("[::1]"));
-    assert_eq!(by_host("[FE80::1]").as_deref(), Some("[fe80::1]"));
-    assert_eq!(by_host(":8443"), None);
-    assert_eq!(by_host("."), None);
+    let named = |h: &str| by_host(h.as_bytes()).unwrap();
+    assert_eq!(named("App.Test:8443").as_deref(), Some("app.test"));
+    assert_eq!(named(" app.test. ").as_deref(), Some("app.test"));
+    assert_eq!(named("[::1]:8443").as_deref(), Some("[::1]"));
+    assert_eq!(named("[FE80::1]").as_deref(), Some("[fe80::1]"));
+    // An unclosed literal is taken whole, as nginx takes it.
+    assert_eq!(named("[::1").as_deref(), Some("[::1"));
+    assert_eq!(named(".app.test").as_deref(), Some(".app.test"));
+    for refused in [
+        &b":8443"[..],
+        b".",
+        b"app..test",
+        b"app.test..",
+        b"app.test/x",
+        b"app.test:80/",
+        b"[::1]..",
+    ] {
+        assert_eq!(
+            by_host(refused),
+            Err(super::InvalidHost),
+            "{}",
+            String::from_utf8_lossy(refused)
+        );
+    }
     let req = Request::get("https://API.test./x")
         .header("host", "other.test")
         .body(())
         .unwrap();
     assert_eq!(
-        super::request_host(&req).as_deref(),
+        super::request_host(&req).unwrap().as_deref(),
         Some("api.test"),
         "the authority wins"
     );
     let req = Request::get("/").body(()).unwrap();
-    assert_eq!(super::request_host(&req), None);
+    assert_eq!(super::request_host(&req), Ok(None));
 }
