@@ -1083,59 +1083,6 @@ async fn nginx_and_the_gateway_answer_alike() {
             },
             false,
         ),
-        // The first server takes each request and closes without an
-        // answer; the backup answers. What was sent goes on to the next
-        // server unless its method is not idempotent.
-        (
-            "sent, failed, next server",
-            Req::get("deck.test", "/failover/get"),
-            false,
-        ),
-        (
-            "sent, failed, next server h2",
-            Req::get("deck.test", "/failover/get"),
-            true,
-        ),
-        (
-            "sent, failed, not idempotent",
-            post("deck.test", "/failover/post", b"", false),
-            false,
-        ),
-        (
-            "sent, failed, DELETE",
-            Req {
-                method: "DELETE",
-                ..Req::get("deck.test", "/failover/delete")
-            },
-            false,
-        ),
-        // The first server reads each request and never answers: after the
-        // location's read timeout, the same rule as a failure (nginx's
-        // default `proxy_next_upstream error timeout`), and 504 where
-        // nothing answered.
-        (
-            "sent, timed out, next server",
-            Req::get("deck.test", "/hung/get"),
-            false,
-        ),
-        (
-            "sent, timed out, next server h2",
-            Req::get("deck.test", "/hung/get"),
-            true,
-        ),
-        (
-            "sent, timed out, not idempotent",
-            post("deck.test", "/hung/post", b"", false),
-            false,
-        ),
-        (
-            "sent, timed out, DELETE",
-            Req {
-                method: "DELETE",
-                ..Req::get("deck.test", "/hung/delete")
-            },
-            false,
-        ),
     ];
     // How each front reads an upstream's answer framed every way
     // `raw_answer` frames one, over HTTP/1.1 and HTTP/2 to the client.
@@ -1148,11 +1095,48 @@ async fn nginx_and_the_gateway_answer_alike() {
             (label, Req::get("deck.test", path), h2)
         })
         .collect();
+    // A pool whose first server fails each request, with a `backup` that
+    // answers: `/failover/` (the server takes the request and closes
+    // without an answer) and `/hung/` (it never answers: after the
+    // location's 1 s read timeout, the same rule, nginx's default
+    // `proxy_next_upstream error timeout`, and 504 where nothing answered).
+    // What was sent goes on to the next server unless its method is not
+    // idempotent.
+    let next_server_cases: Vec<(String, Req, bool)> = [
+        (
+            "failed",
+            ["/failover/get", "/failover/post", "/failover/delete"],
+        ),
+        ("timed out", ["/hung/get", "/hung/post", "/hung/delete"]),
+    ]
+    .into_iter()
+    .flat_map(|(what, [get, post_path, delete])| {
+        [
+            ("next server", Req::get("deck.test", get), false),
+            ("next server h2", Req::get("deck.test", get), true),
+            (
+                "not idempotent",
+                post("deck.test", post_path, b"", false),
+                false,
+            ),
+            (
+                "DELETE",
+                Req {
+                    method: "DELETE",
+                    ..Req::get("deck.test", delete)
+                },
+                false,
+            ),
+        ]
+        .map(|(case, req, h2)| (format!("sent, {what}, {case}"), req, h2))
+    })
+    .collect();
     let cases: Vec<(&str, Req, bool)> = cases
         .into_iter()
         .chain(
-            raw_cases
+            next_server_cases
                 .iter()
+                .chain(&raw_cases)
                 .map(|(n, r, h2)| (n.as_str(), r.clone(), *h2)),
         )
         .collect();

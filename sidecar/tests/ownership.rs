@@ -101,11 +101,7 @@ async fn accounts_are_owned_forwarded_once_and_taken_over() -> anyhow::Result<()
         "",
     )
     .await?;
-    assert_eq!(hop.status, 503);
-    assert_eq!(
-        hop.headers.get("retry-after").map(|v| v.to_str().unwrap()),
-        Some("1")
-    );
+    assert_retryable(&hop);
     assert!(
         hop.json()["message"]
             .as_str()
@@ -383,6 +379,25 @@ async fn an_account_back_with_its_old_cache_resumes_from_the_freshest_one() -> a
     b.stop().await
 }
 
+/// A 503 that client-go sends again a second later (`Retry-After: 1`).
+fn assert_retryable(answer: &Answer) {
+    assert_eq!(
+        answer.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(
+        answer
+            .headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1"),
+        "{}",
+        answer.message()
+    );
+}
+
 /// The answer the agent (played here, on this clock) gives every relayed
 /// request: 200 with a tiny JSON body, and its times.
 async fn answer_all(mut relay: RelayStream) {
@@ -627,19 +642,7 @@ async fn a_sidecar_without_a_sidecar_identity_is_neither_forwarded_to_nor_served
     );
     // ... but does not speak to C: its server certificate names no sidecar.
     let to_c_owner = get(&http, &b.url(&path("other"))).await?;
-    assert_eq!(
-        to_c_owner.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&to_c_owner.body)
-    );
-    assert_eq!(
-        to_c_owner
-            .headers
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap()),
-        Some("1")
-    );
+    assert_retryable(&to_c_owner);
     // C forwards to A, which refuses it and counts it.
     let via_c = get(&http, &c.url(&path("prod"))).await?;
     assert_eq!(
@@ -719,21 +722,7 @@ async fn a_draining_owner_answers_the_writes_its_peers_forwarded() -> anyhow::Re
         tokio::task::yield_now().await;
     }
     let later = request(&http, "POST", &url, &[], BODY).await?;
-    assert_eq!(
-        later.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&later.body)
-    );
-    assert_eq!(
-        later
-            .headers
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap()),
-        Some("1"),
-        "{}",
-        later.message()
-    );
+    assert_retryable(&later);
 
     let created = r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c","namespace":"demo","resourceVersion":"9"}}"#;
     relay
