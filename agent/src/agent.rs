@@ -288,14 +288,23 @@ impl Agent {
                         renew_not_before = tokio::time::Instant::now() + delay;
                     }
                 },
-                () = retry => {
-                    let answer = link.session.hello(&link.refused).await?;
-                    let asked = std::mem::take(&mut link.refused);
-                    link.refused = self.answer(&mut link, clusters, &asked, answer, &BTreeMap::new());
-                    if link.refused.is_empty() {
-                        hello_backoff.reset();
+                () = retry => match link.session.hello(&link.refused).await {
+                    Ok(answer) => {
+                        let asked = std::mem::take(&mut link.refused);
+                        link.refused = self.answer(&mut link, clusters, &asked, answer, &BTreeMap::new());
+                        if link.refused.is_empty() {
+                            hello_backoff.reset();
+                        }
                     }
-                }
+                    // Over the identity's Hello rate (a restart's Hellos
+                    // count too): the accounts this connection carries are
+                    // not to be dropped for it. Asked again after the next,
+                    // longer, backoff.
+                    Err(e) if e.is_hello_rate_refusal() => {
+                        warn!(error = %e, accounts = ?link.refused, "Hello for refused accounts not answered; retrying later");
+                    }
+                    Err(e) => return Err(e),
+                },
                 Some(_) = draining.join_next() => {}
                 Some(config) = reloads.recv() => {
                     self.reload(config, clusters, Some(&mut link)).await?;

@@ -142,5 +142,15 @@ pub enum Error {
     Task(String),
 }
 
+impl Error {
+    /// The gateway answered a `Hello` with "retry later"
+    /// (`RESOURCE_EXHAUSTED`: the identity's Hello rate, which every
+    /// connection of the identity shares). The connection it came on is
+    /// sound: only that Hello is to be asked again, later.
+    pub fn is_hello_rate_refusal(&self) -> bool {
+        matches!(self, Error::Hello(s) if s.code() == tonic::Code::ResourceExhausted)
+    }
+}
+
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -167,6 +167,56 @@ async fn hello_streams_metadata_and_refusal() {
     gw.stop().await;
 }
 
+/// The gateway bounds Hellos per identity, and a restarted agent's Hellos
+/// count against the same bound as its refused accounts' retries: a retry
+/// refused for the rate must leave the connection, and the account streams
+/// it carries, as they are (it once ended the connection, and every account
+/// went offline until the agent had reconnected).
+#[tokio::test]
+async fn a_retry_refused_for_the_hello_rate_keeps_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.refuse("other");
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let other = write_plain_kubeconfig(&dir.path().join("other.kubeconfig"), DEAD_CLUSTER);
+    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev), ("other", &other)]));
+    gw.wait_for("both streams of dev", |r| r.streams.len() >= 2)
+        .await;
+
+    gw.exceed_hello_rate(true);
+    gw.wait_for("three retries refused for the rate", |r| {
+        r.rate_refused.len() >= 3
+    })
+    .await;
+    gw.exceed_hello_rate(false);
+    let hellos = gw.with(|r| r.hellos.len());
+    gw.wait_for("a retry answered again", |r| r.hellos.len() > hellos)
+        .await;
+    gw.with(|r| {
+        let first = r.hellos[0].0;
+        assert!(
+            r.rate_refused.iter().all(|c| *c == first),
+            "every retry came on the first connection: {:?}",
+            r.rate_refused
+        );
+        assert!(
+            r.hellos.iter().all(|(c, _)| *c == first),
+            "no Hello from a new connection"
+        );
+        assert!(
+            r.streams.iter().all(|s| s.conn == first) && r.streams.len() == 2,
+            "dev's two streams stayed open, none reopened: {:?}",
+            r.streams
+        );
+    });
+    assert!(matches!(
+        agent.state.borrow().accounts.get("dev"),
+        Some(AccountState::Streaming)
+    ));
+    agent.stop().await;
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn short_lived_tokens_are_renewed_without_dropping_streams() {
     let dir = tempfile::tempdir().unwrap();

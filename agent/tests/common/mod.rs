@@ -53,6 +53,8 @@ pub struct StreamRecord {
 #[derive(Debug, Default)]
 pub struct Records {
     pub hellos: Vec<(ConnId, HelloRequest)>,
+    /// Hellos refused for the identity's Hello rate, by connection.
+    pub rate_refused: Vec<ConnId>,
     pub streams: Vec<StreamRecord>,
     /// (account from metadata, message), in arrival order.
     pub cache_up: Vec<(String, CacheUp)>,
@@ -79,6 +81,9 @@ struct Shared {
     /// Token → (connection, account, expiry).
     tokens: Mutex<HashMap<String, (ConnId, String, i64)>>,
     refuse: Mutex<BTreeSet<String>>,
+    /// Hellos answered `RESOURCE_EXHAUSTED`, as the gateway's per-identity
+    /// Hello rate does (recorded in [`Records::rate_refused`]).
+    hello_rate_exceeded: std::sync::atomic::AtomicBool,
     /// Per account, the sender of each relay stream it opened, in order;
     /// `None` once the fake ended it.
     relay_down: Mutex<HashMap<String, Vec<Option<Down<RelayDown>>>>>,
@@ -188,6 +193,12 @@ impl Tunnel for Svc {
         request: Request<HelloRequest>,
     ) -> Result<Response<HelloResponse>, Status> {
         let conn = *request.extensions().get::<ConnId>().unwrap();
+        if self.shared.hello_rate_exceeded.load(Ordering::SeqCst) {
+            self.shared.record(|r| r.rate_refused.push(conn));
+            return Err(Status::resource_exhausted(
+                "Hello rate of this identity exceeded; retry later",
+            ));
+        }
         let hello = request.into_inner();
         let refuse = self.shared.refuse.lock().unwrap().clone();
         let ttl = self.shared.token_ttl_secs.load(Ordering::SeqCst) as i64;
@@ -444,6 +455,13 @@ impl FakeGateway {
             .lock()
             .unwrap()
             .insert(account.to_owned());
+    }
+
+    /// Answers every later Hello `RESOURCE_EXHAUSTED` (`true`) or as before.
+    pub fn exceed_hello_rate(&self, exceeded: bool) {
+        self.shared
+            .hello_rate_exceeded
+            .store(exceeded, Ordering::SeqCst);
     }
 
     /// Grants tokens valid for `secs` from now on.
