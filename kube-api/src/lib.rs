@@ -18,6 +18,13 @@ pub mod selector;
 pub mod status;
 pub mod table;
 
+/// The `Cache-Control` of every kube-apiserver answer that sets none of its
+/// own (its `WithCacheControl` filter, `k8s.io/apiserver/pkg/server/filters`):
+/// a client's HTTP cache may keep the answer but must ask again before using
+/// it. The recorded answers in `kube-sim/fixtures` carry it on `200`, `201`,
+/// `304`, `4xx` and a `429` with `Retry-After` alike.
+pub const NO_CACHE: &str = "no-cache, private";
+
 pub use selector::{FieldSelector, LabelSelector, Selectors};
 pub use status::{Status, StatusCause, StatusDetails};
 pub use table::IncludeObject;

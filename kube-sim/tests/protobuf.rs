@@ -118,6 +118,12 @@ async fn kubectl_creates_in_protobuf_are_answered_as_the_server_answered() {
             header(&response, "Content-Type"),
             "{base}"
         );
+        // A client's HTTP cache reads it: as the server answered.
+        assert_eq!(
+            r.headers.get("cache-control").and_then(|v| v.to_str().ok()),
+            Some(header(&response, "Cache-Control")),
+            "{base}"
+        );
         let got = comparable(&r.body);
         let want = comparable(&fixture_bytes(&format!("protobuf/{base}.response.bin")));
         all.extend(differences(&got, &want, base));
@@ -252,4 +258,74 @@ async fn custom_resources_refuse_protobuf_as_the_server_does() {
     .unwrap();
     want["code"] = json!(415);
     assert_eq!(r.json(), want);
+}
+
+/// What a client's HTTP cache may do with an answer (`Cache-Control`, and
+/// `Vary` where the server sent it), as the server said for the same
+/// requests: kubectl keeps answers in its disk cache and its version
+/// dispatcher reads `/version` from there when the answer allows.
+#[tokio::test]
+async fn answers_tell_client_caches_what_the_server_told_them() {
+    let s = start(Sim::with_config(SimConfig::default())).await;
+    let recorded = fixture_json("errors/requests.json");
+    let mut cases: Vec<(String, String, &Value)> = Vec::new();
+    for entry in recorded.as_array().unwrap() {
+        let path = entry["path"].as_str().unwrap_or("");
+        if entry["method"] == "GET" && ["/version", "/api", "/apis", "/openapi/v3"].contains(&path)
+        {
+            let accept = entry["request_headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h[0] == "Accept")
+                .map_or("", |h| h[1].as_str().unwrap());
+            cases.push((
+                path.to_owned(),
+                accept.to_owned(),
+                &entry["response_headers"],
+            ));
+        }
+    }
+    let hashed = fixture_json("apply/secret.1-02-get-openapi-v3-api-v1.request.json");
+    let hashed_answer = fixture_json("apply/secret.1-02-get-openapi-v3-api-v1.response.json");
+    cases.push((
+        format!(
+            "{}?{}",
+            hashed["path"].as_str().unwrap(),
+            hashed["query"].as_str().unwrap()
+        ),
+        header(&hashed, "Accept").to_owned(),
+        &hashed_answer["headers"],
+    ));
+    assert_eq!(cases.len(), 5, "the recorded requests are all found");
+    for (path, accept, headers) in cases {
+        let want = |name: &str| {
+            headers
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+                .and_then(|h| h[1].as_str())
+        };
+        let r = s.get_accept(&path, &accept).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        for name in ["Cache-Control", "Vary"] {
+            assert_eq!(
+                r.headers.get(name).and_then(|v| v.to_str().ok()),
+                want(name),
+                "{name} of {path} (Accept {accept})"
+            );
+        }
+    }
+    // An error's too (a 404, a Status the server's filters answer alike).
+    let missing = s.get("/api/v1/namespaces/default/pods/missing").await;
+    let recorded = fixture_json("protobuf/11-get-configmaps.response.json");
+    assert_eq!(missing.status.as_u16(), 404);
+    assert_eq!(
+        missing
+            .headers
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
+        Some(header(&recorded, "Cache-Control"))
+    );
 }

@@ -151,8 +151,45 @@ impl Query {
     }
 }
 
-/// Handles one request.
+/// Handles one request. Its answer's `Cache-Control` is the API server's, as
+/// recorded (`errors/requests.json`, `apply/*-get-openapi-v3-api-v1`):
+/// `public` for aggregated discovery of `/api` and `/apis`, `public,
+/// immutable` for an OpenAPI v3 document named by its `hash`, both with
+/// `Vary: Accept`; else, unless the answer set one, [`spinlink_kube_api::NO_CACHE`].
+/// (The server also sends an `Etag` with the first two; kube-sim does not.)
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    let public = if path.starts_with("/openapi/v3/")
+        && Query::parse(req.uri().query()).get("hash").is_some()
+    {
+        Some("public, immutable")
+    } else if (path == "/api" || path == "/apis")
+        && wants_aggregated(header_str(req.headers(), header::ACCEPT))
+    {
+        Some("public")
+    } else {
+        None
+    };
+    let mut resp = answer(ctx, req).await;
+    match public {
+        Some(cache_control) if resp.status() == StatusCode::OK => {
+            let headers = resp.headers_mut();
+            headers.insert(
+                header::CACHE_CONTROL,
+                header::HeaderValue::from_static(cache_control),
+            );
+            headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
+        }
+        _ => {
+            resp.headers_mut().entry(header::CACHE_CONTROL).or_insert(
+                header::HeaderValue::from_static(spinlink_kube_api::NO_CACHE),
+            );
+        }
+    }
+    resp
+}
+
+async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let query = Query::parse(parts.uri.query());
