@@ -748,6 +748,33 @@ fn a_dead_sidecar_fails_no_kubectl_command_through_the_others() {
         "kubectl commands failed while the owner died:\n{}",
         failures.join("\n")
     );
+    // kubectl's version dispatcher reads `/version` from the disk cache each
+    // loop's kubectl kept through the failover; what it was answered while
+    // prod moved (a 503) must not be taken from there now: it runs the
+    // kubectl a fresh cache picks, not its fallback (a cached 503 cost every
+    // later command the dispatcher's 5 s and picked the fallback).
+    let version = |kubectl: &Kubectl| -> serde_json::Value {
+        serde_json::from_str(&kubectl.ok(&["version", "-o", "json"])).unwrap()
+    };
+    let fresh = Kubectl::new(
+        dir,
+        "fresh",
+        &dir.join(format!("via-{}.kubeconfig", ids[new_owner])),
+    );
+    let picked = version(&fresh)["clientVersion"]["gitVersion"].clone();
+    for &i in &survivors {
+        let id = &ids[i];
+        let kubectl = Kubectl::new(
+            dir,
+            &format!("via-{id}"),
+            &dir.join(format!("via-{id}.kubeconfig")),
+        );
+        assert_eq!(
+            version(&kubectl)["clientVersion"]["gitVersion"],
+            picked,
+            "the kubectl the dispatcher picked through {id}"
+        );
+    }
     // The survivor that did not become the owner forwarded throughout.
     let still = survivors.iter().position(|&i| i != new_owner).unwrap();
     assert!(

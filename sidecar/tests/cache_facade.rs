@@ -307,6 +307,99 @@ async fn streams_are_checked() -> anyhow::Result<()> {
     sidecar.stop().await
 }
 
+/// What a client's HTTP cache may do with the facade's answers, as the API
+/// server said for the same requests (`kube-sim/fixtures`): kubectl keeps
+/// answers in its disk cache, and its version dispatcher takes `/version`
+/// from there unless told to ask again (`no-cache`).
+#[tokio::test]
+async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::Result<()> {
+    let recorded = fixture("errors/requests.json");
+    let recorded_for = |path: &str| {
+        recorded
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["method"] == "GET" && e["path"] == path)
+            .unwrap_or_else(|| panic!("{path} recorded"))
+            .clone()
+    };
+    let header_of = |entry: &Value, field: &str, name: &str| -> Option<String> {
+        entry[field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+            .map(|h| h[1].as_str().unwrap().to_owned())
+    };
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let discovery = |file: &str| -> anyhow::Result<Vec<u8>> {
+        Ok(std::fs::read(format!(
+            "{}/../kube-sim/fixtures/discovery/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))?)
+    };
+    cache
+        .send(cache_up::Msg::Discovery(v1::DiscoverySnapshot {
+            documents: vec![
+                v1::Document {
+                    path: "/version".into(),
+                    content_type: "application/json".into(),
+                    body: discovery("version.json")?,
+                },
+                v1::Document {
+                    path: format!("/api{}", spinlink_proto::aggregated::PATH_SUFFIX),
+                    content_type: spinlink_proto::aggregated::ACCEPT.into(),
+                    body: discovery("api.aggregated.json")?,
+                },
+            ],
+        }))
+        .await?;
+    sync(&mut cache, &kind("", "v1", "pods", "Pod", true), &[]).await?;
+    cache.wait_acked().await?;
+    let http = http();
+    for path in ["/version", "/api"] {
+        let entry = recorded_for(path);
+        let accept = header_of(&entry, "request_headers", "Accept").unwrap();
+        let answer = request(
+            &http,
+            "GET",
+            &sidecar.url(&format!("/accounts/prod{path}")),
+            &[("accept", accept.as_str())],
+            "",
+        )
+        .await?;
+        assert_eq!(answer.status, 200, "{path}");
+        for name in ["Cache-Control", "Vary"] {
+            assert_eq!(
+                answer
+                    .headers
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                header_of(&entry, "response_headers", name),
+                "{name} of {path}"
+            );
+        }
+    }
+    // A Status the facade answers itself: as the server's 404.
+    let missing = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/demo/pods/nope"),
+    )
+    .await?;
+    assert_eq!(missing.status, 404);
+    let server_404 = fixture("protobuf/11-get-configmaps.response.json");
+    assert_eq!(
+        missing
+            .headers
+            .get("cache-control")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        header_of(&server_404, "headers", "Cache-Control")
+    );
+    sidecar.stop().await
+}
+
 async fn metrics(http: &HttpClient, url: &str) -> anyhow::Result<String> {
     let m = get(http, url).await?;
     Ok(String::from_utf8_lossy(&m.body).into_owned())

@@ -379,7 +379,10 @@ async fn an_account_back_with_its_old_cache_resumes_from_the_freshest_one() -> a
     b.stop().await
 }
 
-/// A 503 that client-go sends again a second later (`Retry-After: 1`).
+/// A 503 that client-go sends again a second later (`Retry-After: 1`), and
+/// that no client cache answers in place of the server later: its
+/// `Cache-Control` is that of the API server's own "retry" answer (a `429`
+/// with `Retry-After`, recorded in `kube-sim/fixtures/errors/requests.json`).
 fn assert_retryable(answer: &Answer) {
     assert_eq!(
         answer.status,
@@ -393,6 +396,28 @@ fn assert_retryable(answer: &Answer) {
             .get("retry-after")
             .map(|v| v.to_str().unwrap()),
         Some("1"),
+        "{}",
+        answer.message()
+    );
+    let recorded = fixture("errors/requests.json");
+    let server_retry = recorded
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["status"] == 429)
+        .expect("a recorded 429");
+    let cache_control = server_retry["response_headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0] == "Cache-Control")
+        .and_then(|h| h[1].as_str());
+    assert_eq!(
+        answer
+            .headers
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
+        cache_control,
         "{}",
         answer.message()
     );

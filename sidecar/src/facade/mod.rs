@@ -123,8 +123,28 @@ impl Facade {
         self
     }
 
-    /// Answers one request.
+    /// Answers one request. An answer that says nothing of caching says
+    /// `Cache-Control: no-cache, private`, as every kube-apiserver answer
+    /// does (its `WithCacheControl` filter; the recorded answers in
+    /// `kube-sim/fixtures` carry it, a `429` with `Retry-After` too): a
+    /// client's HTTP cache must ask again before it uses one. kubectl's
+    /// version dispatcher asks `/version` with `Cache-Control:
+    /// max-age=7200` through its disk cache, so without it a 503 answered
+    /// while an account moved between sidecars was taken from the cache for
+    /// two hours, each command waiting out the dispatcher's 5 s first.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Body>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display + Send,
+    {
+        let mut resp = self.answer(req).await;
+        resp.headers_mut().entry(header::CACHE_CONTROL).or_insert(
+            header::HeaderValue::from_static(spinlink_kube_api::NO_CACHE),
+        );
+        resp
+    }
+
+    async fn answer<B>(&self, req: Request<B>) -> Response<Body>
     where
         B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
         B::Error: std::fmt::Display + Send,

@@ -56,6 +56,16 @@ pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response
     if let Ok(v) = header::HeaderValue::from_str(content_type) {
         resp.headers_mut().insert(header::CONTENT_TYPE, v);
     }
+    if aggregated_doc.is_some() {
+        // As the API server says of aggregated discovery (recorded in
+        // `kube-sim/fixtures/errors/requests.json`); it adds an `Etag`.
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("public"),
+        );
+        headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
+    }
     Some(resp)
 }
 
