@@ -53,14 +53,21 @@ fn list_namespaces(id: u64) -> v1::RelayDown {
     }
 }
 
-#[tokio::test]
-async fn hello_streams_metadata_and_refusal() {
+/// An agent serving `dev` and `other` (both clusters unreachable) through a
+/// fake gateway that refuses `other`.
+async fn dev_and_refused_other() -> (tempfile::TempDir, FakeGateway, Running) {
     let dir = tempfile::tempdir().unwrap();
     let gw = FakeGateway::start(dir.path()).await;
     gw.refuse("other");
     let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
     let other = write_plain_kubeconfig(&dir.path().join("other.kubeconfig"), DEAD_CLUSTER);
-    let mut agent = start_agent(&gw.agent_yaml(&[("dev", &dev), ("other", &other)]));
+    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev), ("other", &other)]));
+    (dir, gw, agent)
+}
+
+#[tokio::test]
+async fn hello_streams_metadata_and_refusal() {
+    let (_dir, gw, mut agent) = dev_and_refused_other().await;
 
     gw.wait_for("both streams of dev", |r| r.streams.len() >= 2)
         .await;
@@ -174,12 +181,7 @@ async fn hello_streams_metadata_and_refusal() {
 /// went offline until the agent had reconnected).
 #[tokio::test]
 async fn a_retry_refused_for_the_hello_rate_keeps_the_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let gw = FakeGateway::start(dir.path()).await;
-    gw.refuse("other");
-    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
-    let other = write_plain_kubeconfig(&dir.path().join("other.kubeconfig"), DEAD_CLUSTER);
-    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev), ("other", &other)]));
+    let (_dir, gw, agent) = dev_and_refused_other().await;
     gw.wait_for("both streams of dev", |r| r.streams.len() >= 2)
         .await;
 

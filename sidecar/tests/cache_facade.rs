@@ -313,24 +313,6 @@ async fn streams_are_checked() -> anyhow::Result<()> {
 /// from there unless told to ask again (`no-cache`).
 #[tokio::test]
 async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::Result<()> {
-    let recorded = fixture("errors/requests.json");
-    let recorded_for = |path: &str| {
-        recorded
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["method"] == "GET" && e["path"] == path)
-            .unwrap_or_else(|| panic!("{path} recorded"))
-            .clone()
-    };
-    let header_of = |entry: &Value, field: &str, name: &str| -> Option<String> {
-        entry[field]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
-            .map(|h| h[1].as_str().unwrap().to_owned())
-    };
     let sidecar = start().await?;
     let mut client = sidecar.client().await?;
     let mut cache = CacheStream::open(&mut client, "prod").await?;
@@ -360,24 +342,21 @@ async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::
     cache.wait_acked().await?;
     let http = http();
     for path in ["/version", "/api"] {
-        let entry = recorded_for(path);
-        let accept = header_of(&entry, "request_headers", "Accept").unwrap();
+        let entry = recorded_request(|e| e["method"] == "GET" && e["path"] == path);
+        let accept = recorded_header(&entry["request_headers"], "Accept").unwrap();
         let answer = request(
             &http,
             "GET",
             &sidecar.url(&format!("/accounts/prod{path}")),
-            &[("accept", accept.as_str())],
+            &[("accept", accept)],
             "",
         )
         .await?;
         assert_eq!(answer.status, 200, "{path}");
         for name in ["Cache-Control", "Vary"] {
             assert_eq!(
-                answer
-                    .headers
-                    .get(name)
-                    .map(|v| v.to_str().unwrap().to_owned()),
-                header_of(&entry, "response_headers", name),
+                answer.headers.get(name).map(|v| v.to_str().unwrap()),
+                recorded_header(&entry["response_headers"], name),
                 "{name} of {path}"
             );
         }
@@ -394,8 +373,8 @@ async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::
         missing
             .headers
             .get("cache-control")
-            .map(|v| v.to_str().unwrap().to_owned()),
-        header_of(&server_404, "headers", "Cache-Control")
+            .map(|v| v.to_str().unwrap()),
+        recorded_header(&server_404["headers"], "Cache-Control")
     );
     sidecar.stop().await
 }

@@ -399,25 +399,13 @@ fn assert_retryable(answer: &Answer) {
         "{}",
         answer.message()
     );
-    let recorded = fixture("errors/requests.json");
-    let server_retry = recorded
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["status"] == 429)
-        .expect("a recorded 429");
-    let cache_control = server_retry["response_headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h[0] == "Cache-Control")
-        .and_then(|h| h[1].as_str());
+    let server_retry = recorded_request(|e| e["status"] == 429);
     assert_eq!(
         answer
             .headers
             .get("cache-control")
             .and_then(|v| v.to_str().ok()),
-        cache_control,
+        recorded_header(&server_retry["response_headers"], "Cache-Control"),
         "{}",
         answer.message()
     );

@@ -512,6 +512,27 @@ pub fn fixture(path: &str) -> Value {
     serde_json::from_slice(&std::fs::read(&full).unwrap_or_else(|e| panic!("{full}: {e}"))).unwrap()
 }
 
+/// Header `name` (any case) of a recorded header list, `[[name, value], …]`
+/// as `kube-sim/fixtures` write them, if it is there.
+pub fn recorded_header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
+    headers
+        .as_array()?
+        .iter()
+        .find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .and_then(|h| h[1].as_str())
+}
+
+/// The first request `errors/requests.json` recorded that `which` picks.
+pub fn recorded_request(which: impl Fn(&Value) -> bool) -> Value {
+    fixture("errors/requests.json")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| which(e))
+        .expect("a recorded request")
+        .clone()
+}
+
 /// A development PKI for sidecars' peer ports: `sidecar-peer` carries
 /// [`spinlink_tls::dev::dev_sidecar_identity`], `gateway` and `agent-test`
 /// are certificates of the same CA naming no sidecar.
