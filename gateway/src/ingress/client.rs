@@ -382,8 +382,9 @@ pub(super) fn sendable_again(method: &Method) -> bool {
     !(*method == Method::POST || *method == Method::PATCH || method.as_str() == "LOCK")
 }
 
-/// The body of a request sent again: it had none.
-fn empty_body() -> ReqBody {
+/// The body of a request without one (or sent again: it had none); boxing
+/// it allocates nothing.
+pub(super) fn empty_body() -> ReqBody {
     use http_body_util::BodyExt as _;
     http_body_util::Empty::new()
         .map_err(|never| match never {})

@@ -418,7 +418,8 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         ),
         _ => None,
     };
-    let found: Vec<At> = response
+    // Held inline for the usual few headers.
+    let found: smallvec::SmallVec<[At; 24]> = response
         .headers
         .iter()
         .map(|h| At {

@@ -291,7 +291,12 @@ impl Ingress {
 
     /// The server for a host name (request or SNI), by nginx's order.
     pub fn find_server(&self, host: &str) -> Option<usize> {
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.find_named(&host.trim_end_matches('.').to_ascii_lowercase())
+    }
+
+    /// [`Self::find_server`] for a name already lowercase, without its
+    /// trailing dot (a [`request_host`]).
+    fn find_named(&self, host: &str) -> Option<usize> {
         if let Some(i) = self.servers.iter().position(|s| {
             s.names
                 .iter()
@@ -303,7 +308,7 @@ impl Ingress {
         for (i, s) in self.servers.iter().enumerate() {
             for n in &s.names {
                 if let Name::Leading { suffix, bare } = n {
-                    let hit = host.ends_with(suffix.as_str()) || bare.as_deref() == Some(&host);
+                    let hit = host.ends_with(suffix.as_str()) || bare.as_deref() == Some(host);
                     if hit && best.is_none_or(|(_, len)| suffix.len() > len) {
                         best = Some((i, suffix.len()));
                     }
@@ -390,7 +395,7 @@ impl Ingress {
     /// The server for a request naming `host` (its [`request_host`]).
     fn server_for(&self, host: Option<&str>, conn: &ConnInfo) -> usize {
         match host {
-            Some(host) => self.find_server(host).unwrap_or(self.default),
+            Some(host) => self.find_named(host).unwrap_or(self.default),
             None => conn
                 .sni
                 .as_deref()

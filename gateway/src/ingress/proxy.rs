@@ -27,6 +27,7 @@
 //! splices an HTTP/1.1 `Upgrade` (WebSocket) through once both sides agree.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use smallvec::SmallVec;
 
 use tokio::time::Instant;
 
@@ -52,10 +54,16 @@ use super::{Body, ConnInfo, error_page};
 /// Most ring entries one server's `weight=` makes.
 const MAX_WEIGHT: u32 = 100;
 
+/// The servers one request tries, in order: a pool's few held inline.
+type Order = SmallVec<[usize; 4]>;
+
 /// An upstream pool and its connections.
 #[derive(Debug)]
 pub struct Pool {
     name: String,
+    /// `$proxy_host` as the `Host` requests get by default (`None`: not a
+    /// header value; the server's address is sent then).
+    host: Option<HeaderValue>,
     /// Each distinct server once.
     servers: Vec<Server>,
     /// Primaries in weighted order (indices into `servers`).
@@ -170,6 +178,7 @@ impl Pool {
             .collect();
         Self {
             name: name.to_owned(),
+            host: HeaderValue::from_str(name).ok(),
             servers: distinct,
             ring,
             backups,
@@ -213,20 +222,20 @@ impl Pool {
     }
 
     /// Live servers in the order this request tries them.
-    fn order(&self) -> Vec<usize> {
+    fn order(&self) -> Order {
         let now = Instant::now();
         let mut order = self.all_in_order();
         if self.servers.len() > 1 {
-            order.retain(|&i| !self.servers[i].is_down(now));
+            order.retain(|i| !self.servers[*i].is_down(now));
         }
         order
     }
 
     /// Servers in the order this request tries them: the ring from the next
     /// position, each server once, then the backups.
-    fn all_in_order(&self) -> Vec<usize> {
+    fn all_in_order(&self) -> Order {
         let n = self.ring.len();
-        let mut order = Vec::with_capacity(self.servers.len());
+        let mut order = Order::with_capacity(self.servers.len());
         if n > 0 {
             let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
             for i in 0..n {
@@ -313,8 +322,17 @@ fn is_upgrade(version: Version, headers: &http::HeaderMap) -> bool {
             })
 }
 
-/// The path and query the upstream gets.
-fn upstream_path(ctx: &Ctx<'_>, uri: &Uri) -> String {
+/// The path and query the upstream gets: the request's own (sharing its
+/// memory) unless `proxy_pass` names a URI.
+fn upstream_path(ctx: &Ctx<'_>, uri: &Uri) -> Result<PathAndQuery, http::uri::InvalidUri> {
+    match (ctx.uri, uri.path_and_query()) {
+        (None, Some(own)) if own.as_str().starts_with('/') => Ok(own.clone()),
+        _ => PathAndQuery::from_maybe_shared(upstream_path_text(ctx, uri)),
+    }
+}
+
+/// [`upstream_path`] written out.
+fn upstream_path_text(ctx: &Ctx<'_>, uri: &Uri) -> String {
     let path = uri.path();
     let mut out = match ctx.uri {
         None => path.to_owned(),
@@ -329,6 +347,16 @@ fn upstream_path(ctx: &Ctx<'_>, uri: &Uri) -> String {
         out.push_str(q);
     }
     out
+}
+
+/// What the text of one request's header values starts with room for.
+const VALUES_CAPACITY: usize = 256;
+
+/// Writes a value at the end of `text`; where it lies.
+fn written(text: &mut String, write: impl FnOnce(&mut String)) -> Range<usize> {
+    let start = text.len();
+    write(text);
+    start..text.len()
 }
 
 /// Sends `req` to the context's pool and returns its answer.
@@ -355,40 +383,41 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         client_verify: &verify,
     };
     // Everything the request's own fields fill in is worked out first, so
-    // its header map can then be taken over rather than copied.
+    // its header map can then be taken over rather than copied. Every such
+    // value is written into one text, which the header values then share:
+    // two allocations per request whatever the templates, not two per value.
     // The gateway always tells the upstream who asked (nginx only when
     // configured); a location's own setting below wins, so a default it
     // replaces is not worked out at all.
+    let mut text = String::with_capacity(VALUES_CAPACITY);
     let location_sets = |name: &HeaderName| ctx.headers.iter().any(|(n, _)| n == name);
+    let forwarded_for = (!location_sets(&X_FORWARDED_FOR))
+        .then(|| written(&mut text, |out| super::vars::forwarded_for_into(&vars, out)));
+    let forwarded_host = (!location_sets(&X_FORWARDED_HOST))
+        .then(|| written(&mut text, |out| out.push_str(ctx.host)));
+    // Each location header and where its value lies in `text` (empty: the
+    // header is removed).
+    let set: SmallVec<[(&HeaderName, Range<usize>); 8]> = ctx
+        .headers
+        .iter()
+        .map(|(name, template)| {
+            let at = match template {
+                Some(t) => written(&mut text, |out| t.expand_into(&vars, out)),
+                None => 0..0,
+            };
+            (name, at)
+        })
+        .collect();
+    let text = Bytes::from(text);
+    let value = |at: Range<usize>| HeaderValue::from_maybe_shared(text.slice(at)).ok();
     let forwarded = [
-        (
-            X_FORWARDED_FOR,
-            (!location_sets(&X_FORWARDED_FOR))
-                .then(|| HeaderValue::from_str(&super::vars::forwarded_for(&vars)).ok())
-                .flatten(),
-        ),
+        (X_FORWARDED_FOR, forwarded_for.and_then(value)),
         (
             X_FORWARDED_PROTO,
             (!location_sets(&X_FORWARDED_PROTO)).then(|| HeaderValue::from_static(scheme)),
         ),
-        (
-            X_FORWARDED_HOST,
-            (!location_sets(&X_FORWARDED_HOST))
-                .then(|| HeaderValue::from_str(ctx.host).ok())
-                .flatten(),
-        ),
+        (X_FORWARDED_HOST, forwarded_host.and_then(value)),
     ];
-    let set: Vec<(&HeaderName, String)> = ctx
-        .headers
-        .iter()
-        .map(|(name, template)| {
-            let value = template
-                .as_ref()
-                .map(|t| t.expand(&vars))
-                .unwrap_or_default();
-            (name, value)
-        })
-        .collect();
     let content_length = parts.headers.contains_key(header::CONTENT_LENGTH);
     let mut headers = std::mem::take(&mut parts.headers);
     // gRPC needs `te: trailers`; an upgrade keeps its `Upgrade`.
@@ -402,21 +431,21 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         }
     }
     // nginx's default `Host: $proxy_host`, unless the location sets it.
-    let mut host = Some(ctx.pool.name.clone());
-    for (name, value) in set {
+    let mut host = ctx.pool.host.clone();
+    for (name, at) in set {
         headers.remove(name);
+        let empty = at.is_empty();
+        let v = if empty { None } else { value(at) };
         if name == header::HOST {
-            host = (!value.is_empty()).then_some(value);
+            host = v;
             continue;
         }
-        if value.is_empty() {
-            continue;
-        }
-        match HeaderValue::from_str(&value) {
-            Ok(v) => {
+        match v {
+            Some(v) => {
                 headers.append(name.clone(), v);
             }
-            Err(_) => tracing::debug!(header = %name, "header value not sendable; dropped"),
+            None if empty => {}
+            None => tracing::debug!(header = %name, "header value not sendable; dropped"),
         }
     }
     if upgrade {
@@ -424,13 +453,15 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     }
     // HTTP/2 upstreams (gRPC) get the authority from the URI instead.
     if (upgrade || !ctx.grpc)
-        && let Some(h) = host.as_deref().and_then(|h| HeaderValue::from_str(h).ok())
+        && let Some(h) = host
     {
         headers.insert(header::HOST, h);
     }
 
     let has_body = !body.is_end_stream();
     let mut body = Some(match ctx.max_body {
+        // Nothing to carry: a body that needs no box of its own.
+        _ if !has_body => super::client::empty_body(),
         Some(max) if !content_length => Limited {
             inner: body,
             left: max,
@@ -449,7 +480,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         tracing::warn!(pool = pool.name, "no live upstreams");
         return error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway");
     }
-    let Ok(path) = PathAndQuery::from_maybe_shared(path) else {
+    let Ok(path) = path else {
         return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
     };
     let h2 = pool.dialer.is_h2();
@@ -745,7 +776,7 @@ mod tests {
     use http::Method;
 
     /// The addresses `order` names.
-    fn addrs(pool: &Pool, order: Vec<usize>) -> Vec<&str> {
+    fn addrs(pool: &Pool, order: Order) -> Vec<&str> {
         order
             .into_iter()
             .map(|i| pool.servers[i].addr.as_str())

@@ -125,13 +125,18 @@ impl Template {
     /// The value for one request.
     pub fn expand(&self, v: &Vars<'_>) -> String {
         let mut out = String::new();
+        self.expand_into(v, &mut out);
+        out
+    }
+
+    /// The value for one request, written at the end of `out`.
+    pub fn expand_into(&self, v: &Vars<'_>, out: &mut String) {
         for part in &self.0 {
             match part {
                 Part::Lit(s) => out.push_str(s),
-                Part::Var(var) => expand_var(var, v, &mut out),
+                Part::Var(var) => expand_var(var, v, out),
             }
         }
-        out
     }
 }
 
@@ -188,11 +193,10 @@ fn expand_var(var: &Var, v: &Vars<'_>, out: &mut String) {
     }
 }
 
-/// `$proxy_add_x_forwarded_for` for one request.
-pub fn forwarded_for(v: &Vars<'_>) -> String {
-    let mut out = String::new();
-    expand_var(&Var::ProxyAddXForwardedFor, v, &mut out);
-    out
+/// `$proxy_add_x_forwarded_for` for one request, written at the end of
+/// `out`.
+pub fn forwarded_for_into(v: &Vars<'_>, out: &mut String) {
+    expand_var(&Var::ProxyAddXForwardedFor, v, out);
 }
 
 /// `$ssl_client_escaped_cert`: the PEM text, escaped as nginx's

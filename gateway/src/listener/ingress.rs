@@ -164,11 +164,11 @@ impl Connection {
                             "the agent tunnel needs a verified client certificate",
                         )
                     };
-                    Ok::<_, std::convert::Infallible>(response.map(|body| {
-                        tonic::body::Body::new(GuardedBody {
-                            inner: body,
-                            _guard: guard,
-                        })
+                    // The answer's body as it is, beside the guard: no
+                    // second box around the one it has.
+                    Ok::<_, std::convert::Infallible>(response.map(|body| GuardedBody {
+                        inner: body,
+                        _guard: guard,
                     }))
                 }
             });
