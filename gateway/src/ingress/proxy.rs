@@ -432,8 +432,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     }
     // nginx's default `Host: $proxy_host`, unless the location sets it.
     let mut host = ctx.pool.host.clone();
+    // Each setting replaces what the request (or an earlier setting of the
+    // same name) had: one lookup for a value, one removal for none.
     for (name, at) in set {
-        headers.remove(name);
         let empty = at.is_empty();
         let v = if empty { None } else { value(at) };
         if name == header::HOST {
@@ -442,10 +443,14 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         }
         match v {
             Some(v) => {
-                headers.append(name.clone(), v);
+                headers.insert(name.clone(), v);
             }
-            None if empty => {}
-            None => tracing::debug!(header = %name, "header value not sendable; dropped"),
+            None => {
+                headers.remove(name);
+                if !empty {
+                    tracing::debug!(header = %name, "header value not sendable; dropped");
+                }
+            }
         }
     }
     if upgrade {
