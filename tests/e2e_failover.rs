@@ -309,7 +309,7 @@ fn cluster(dir: &Path, sim_args: &[&str]) -> (DevPki, Proc, std::path::PathBuf) 
 
 /// A gateway and an agent serving account `prod` through it.
 struct Chain {
-    _gateway: Proc,
+    gateway: Proc,
     _agent: Proc,
     /// The agent's admin port.
     admin: SocketAddr,
@@ -331,17 +331,17 @@ fn serve_prod(
     let policy = vec![("agent-1".to_owned(), vec!["prod".to_owned()])];
     let gateway = gateway_yaml("gw", pki, &policy, tunnels) + gateway_extra;
     let (gateway, gateway_addr) = start_gateway(dir, "gw", &gateway);
-    let admin = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
     let agent = format!(
-        "{}admin:\n  listen: {admin}\n",
+        "{}admin:\n  listen: 127.0.0.1:0\n",
         agent_yaml("agent-1", pki, gateway_addr.port(), &[("prod", kubeconfig)])
     );
-    let agent = start_agent(dir, "agent", &agent);
+    let mut agent = start_agent(dir, "agent", &agent);
+    let admin = agent.listening("agent-admin");
     let owner = wait_for("account prod ready on a sidecar", || {
         (0..sidecars.len()).find(|&i| ready_at(sidecars[i].facade, "prod"))
     });
     Chain {
-        _gateway: gateway,
+        gateway,
         _agent: agent,
         admin,
         owner,
@@ -530,15 +530,15 @@ fn an_account_back_on_a_sidecar_still_holding_its_cache_resumes_without_a_listin
         Balancer::start(&[sidecars[0].tunnel], None),
         Balancer::start(&[sidecars[1].tunnel], None),
     ];
-    let gateway_admin = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
-    let chain = serve_prod(
+    let mut chain = serve_prod(
         dir,
         &pki,
         &sim_kubeconfig,
         &[hops[0].addr, hops[1].addr],
-        &format!("admin:\n  listen: {gateway_admin}\n"),
+        "admin:\n  listen: 127.0.0.1:0\n",
         &sidecars,
     );
+    let gateway_admin = chain.gateway.listening("gateway-admin");
     let (admin, owner) = (chain.admin, chain.owner);
     let other = 1 - owner;
     every_kind_synced(admin, sidecars[owner].facade);

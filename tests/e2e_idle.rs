@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use spinlink_tls::dev::{DevPki, dev_agent_identity};
 use support::balancer::Balancer;
-use support::{Proc, free_port, http, try_http, wait_for};
+use support::{Proc, http, try_http, wait_for};
 
 /// The balancer's idle cut.
 const IDLE_CUT: Duration = Duration::from_secs(3);
@@ -71,12 +71,11 @@ fn heartbeats_keep_an_agent_connection_through_an_idle_cutting_balancer() {
     let balancer = Balancer::start(&[gateway_addr], Some(IDLE_CUT));
 
     let agent = |id: &str, heartbeat: u64, ping: u64| {
-        let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let cfg = yaml(
             dir,
             &format!("agent-{id}.yaml"),
             format!(
-                "agentId: {id}\nheartbeatSeconds: {heartbeat}\nadmin:\n  listen: {admin}\n\
+                "agentId: {id}\nheartbeatSeconds: {heartbeat}\nadmin:\n  listen: 127.0.0.1:0\n\
                  gateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
                  \x20 keepaliveIntervalSeconds: {ping}\n\
                  reconnect:\n  initialBackoffMillis: 100\n  maxBackoffMillis: 500\n\
@@ -88,7 +87,8 @@ fn heartbeats_keep_an_agent_connection_through_an_idle_cutting_balancer() {
                 sim_kubeconfig.display()
             ),
         );
-        let proc = Proc::start(id, dir, &["agent", "--config", &cfg]);
+        let mut proc = Proc::start(id, dir, &["agent", "--config", &cfg]);
+        let admin = proc.listening("agent-admin");
         (proc, admin)
     };
     // Heartbeats three times per idle cut; the control's heartbeats and

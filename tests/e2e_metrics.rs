@@ -20,14 +20,10 @@ use serde_json::Value;
 use spinlink_tls::dev::{DevPki, dev_agent_identity, dev_gateway_identity};
 use support::monitoring::{self, alerts, dashboard_files, dashboard_queries, rules_file};
 use support::scale::agent_yaml;
-use support::{Proc, free_port, http, try_http, wait_for, write_file, write_kubeconfig};
+use support::{Proc, http, try_http, wait_for, write_file, write_kubeconfig};
 
 fn p(path: PathBuf) -> String {
     path.display().to_string()
-}
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// The sample of `name` with `labels` (exactly `{…}` as exported), if any.
@@ -38,14 +34,9 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// A gateway in front of `upstreams` (sidecar tunnel URLs), presenting
 /// `client` (a certificate of `pki`) to them, letting agent-1 serve prod,
-/// with an admin port and health checks every second.
-fn gateway_yaml(
-    id: &str,
-    pki: &DevPki,
-    client: &str,
-    upstreams: &[String],
-    admin: SocketAddr,
-) -> String {
+/// with an admin port (announced as `gateway-admin`) and health checks
+/// every second.
+fn gateway_yaml(id: &str, pki: &DevPki, client: &str, upstreams: &[String]) -> String {
     let upstreams: String = upstreams.iter().map(|u| format!("- url: {u}\n")).collect();
     format!(
         "gatewayId: {id}\nlisten: 127.0.0.1:0\nshutdownGraceSeconds: 2\n\
@@ -54,7 +45,7 @@ fn gateway_yaml(
          upstreams:\n{upstreams}\
          upstreamTls:\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
          upstreamPool:\n  healthCheck:\n    intervalSeconds: 1\n    unhealthyThreshold: 1\n\
-         admin:\n  listen: {admin}\n",
+         admin:\n  listen: 127.0.0.1:0\n",
         p(pki.cert("gateway")),
         p(pki.key("gateway")),
         p(pki.ca_cert()),
@@ -106,7 +97,6 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
     let peer = sidecar.listening("sidecar-peer");
     let sidecar_metrics = sidecar.listening("sidecar-metrics");
 
-    let gateway_admin = loopback();
     let gateway_cfg = write_file(
         dir,
         "gateway.yaml",
@@ -115,19 +105,18 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
             &pki,
             "gateway",
             &[format!("https://localhost:{}", tunnel.port())],
-            gateway_admin,
         ),
     );
     let mut gateway = Proc::start("gateway", dir, &["gateway", "--config", &gateway_cfg]);
     let gateway_addr = gateway.listening("gateway");
+    let gateway_admin = gateway.listening("gateway-admin");
 
     // The policy grants prod only: `denied` is refused in every Hello.
-    let agent_admin = loopback();
     let agent_cfg = write_file(
         dir,
         "agent.yaml",
         &format!(
-            "{}admin:\n  listen: {agent_admin}\n",
+            "{}admin:\n  listen: 127.0.0.1:0\n",
             agent_yaml(
                 "agent-1",
                 &pki,
@@ -137,6 +126,7 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
         ),
     );
     let mut agent = Proc::start("agent", dir, &["agent", "--config", &agent_cfg]);
+    let agent_admin = agent.listening("agent-admin");
     wait_for("prod ready on the sidecar", || {
         support::scale::ready_at(facade, "prod").then_some(())
     });
@@ -153,7 +143,8 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
         let v = support::scale::account(facade, "prod")?;
         (v["online"] == false).then_some(())
     });
-    let _agent = Proc::start("agent-again", dir, &["agent", "--config", &agent_cfg]);
+    let mut agent = Proc::start("agent-again", dir, &["agent", "--config", &agent_cfg]);
+    let agent_admin = agent.listening("agent-admin");
     wait_for("prod ready again", || {
         support::scale::ready_at(facade, "prod").then_some(())
     });
@@ -192,7 +183,6 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
     );
     let mut spare = Proc::start("spare", dir, &["sidecar", "--config", &spare_cfg]);
     let spare_tunnel = spare.listening("sidecar-tunnel");
-    let rogue_admin = loopback();
     let rogue_cfg = write_file(
         dir,
         "rogue.yaml",
@@ -204,11 +194,11 @@ fn every_series_of_the_dashboards_and_alerts_exists_on_a_running_chain() {
                 format!("https://localhost:{}", tunnel.port()),
                 format!("http://{spare_tunnel}"),
             ],
-            rogue_admin,
         ),
     );
     let mut rogue = Proc::start("rogue", dir, &["gateway", "--config", &rogue_cfg]);
     let rogue_addr = rogue.listening("gateway");
+    let rogue_admin = rogue.listening("gateway-admin");
     let spare_label =
         format!("spinlink_gateway_upstream_available{{upstream=\"http://{spare_tunnel}\"}} ");
     wait_for("the spare sidecar in rotation", || {

@@ -9,8 +9,9 @@ use support::{Kubectl, Proc};
 
 const STALE: &str = "has not reached the cluster's API server since";
 
-/// kube-sim on a fixed port, so that it can come back where it was.
-fn kube_sim_at(dir: &std::path::Path, port: u16, name: &str) -> Proc {
+/// kube-sim on `port` (0: any), so that it can come back where it was; and
+/// its port.
+fn kube_sim_at(dir: &std::path::Path, port: u16, name: &str) -> (Proc, u16) {
     let listen = format!("127.0.0.1:{port}");
     let kubeconfig = dir.join("sim.kubeconfig");
     let mut sim = Proc::start(
@@ -24,8 +25,8 @@ fn kube_sim_at(dir: &std::path::Path, port: u16, name: &str) -> Proc {
             kubeconfig.to_str().unwrap(),
         ],
     );
-    sim.listening("kube-sim");
-    sim
+    let port = sim.listening("kube-sim").port();
+    (sim, port)
 }
 
 /// `kubectl get pods -n demo` through the facade: it succeeds, and its
@@ -41,8 +42,8 @@ fn read(k: &Kubectl) -> Option<String> {
 fn reads_while_the_api_server_is_down_say_they_may_be_stale() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let port = support::free_port();
-    let mut sim = kube_sim_at(dir, port, "kube-sim");
+    // Its port is the one it was given, not one free a moment ago.
+    let (mut sim, port) = kube_sim_at(dir, 0, "kube-sim");
     let state = dir.join("state");
     let _dev = support::dev(dir, &state, Some(&dir.join("sim.kubeconfig")));
     let k = Kubectl::new(dir, "facade", &state.join("kubeconfig"));

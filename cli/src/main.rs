@@ -193,6 +193,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 return Ok(());
             }
             let agent = spinlink_agent::Agent::new(loaded.config)?;
+            if let Some(admin) = agent.admin_addr() {
+                announce("agent-admin", admin);
+            }
             drain(agent.run(shutdown.clone()), &shutdown).await
         }
         Command::Gateway {
@@ -223,6 +226,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             let gateway = spinlink_gateway::Gateway::bind(cfg).await?;
             announce("gateway", gateway.local_addr());
+            if let Some(admin) = gateway.admin_addr() {
+                announce("gateway-admin", admin);
+            }
             drain(gateway.run(shutdown.clone()), &shutdown).await
         }
         Command::Sidecar {

@@ -238,12 +238,11 @@ pub fn dynamic_chain(
         "accounts:\n  encryptionKeyFile: {}\n{sidecar_yaml}",
         key_path.display()
     );
-    let admin: SocketAddr = format!("127.0.0.1:{}", super::free_port()).parse().unwrap();
     let extra = Extra {
         sidecar_yaml: &sidecar_yaml,
         accounts: &["dyn-*", "mig-*"],
     };
-    let chain = Chain::start_with(
+    let mut chain = Chain::start_with(
         dir,
         &["static"],
         &extra,
@@ -253,7 +252,7 @@ pub fn dynamic_chain(
                 "agent.yaml",
                 &format!(
                     "agentId: agent-1\ngateway:\n  url: https://localhost:{}\n  caFile: {}\n  certFile: {}\n  keyFile: {}\n\
-                     admin:\n  listen: {admin}\n\
+                     admin:\n  listen: 127.0.0.1:0\n\
                      kubernetes:\n  accounts:\n  - name: static\n    kubeconfigFile: {}\n\
                      dynamicAccounts:\n  enabled: true\n  zone: eu\n",
                     files.gateway_port,
@@ -270,5 +269,6 @@ pub fn dynamic_chain(
             command
         },
     );
+    let admin = chain.agent.listening("agent-admin");
     (posted, chain, admin)
 }
