@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod compare;
+pub mod discovery;
 pub mod media;
 pub mod protobuf;
 pub mod selector;

@@ -319,3 +319,78 @@ async fn answers_tell_client_caches_what_the_server_told_them() {
         Some(header(&recorded, "Cache-Control"))
     );
 }
+
+/// Aggregated discovery carries the server's `Etag` (the recorded `/api`
+/// answer's, from the document it served), and a request naming it in
+/// `If-None-Match` gets `304` with no body and the same cache headers, as
+/// `ServeHTTPWithETag` answers (k8s.io/apiserver/pkg/endpoints/discovery/
+/// aggregated/etag.go; no 304 was recorded). `/apis` is checked for its own
+/// tag only: its recorded answer (19,565 bytes) is not the recorded
+/// `discovery/apis.aggregated.json`, so their tags cannot be compared.
+#[tokio::test]
+async fn aggregated_discovery_is_revalidated_by_its_etag() {
+    let s = start(Sim::with_config(SimConfig::default())).await;
+    let recorded = fixture_json("errors/requests.json");
+    let api = recorded
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"] == "/api" && e["status"] == 200)
+        .expect("the recorded aggregated /api");
+    let accept = header_in(&api["request_headers"], "Accept").unwrap();
+    let etag = header_in(&api["response_headers"], "Etag").unwrap();
+
+    let first = s.get_accept("/api", accept).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.headers.get("etag").unwrap(), etag);
+    let again = s
+        .send(
+            Method::GET,
+            "/api",
+            &[("accept", accept), ("if-none-match", etag)],
+            "",
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    assert!(again.body.is_empty());
+    assert!(again.headers.get("content-type").is_none());
+    for name in ["Etag", "Cache-Control", "Vary"] {
+        assert_eq!(
+            again.headers.get(name).and_then(|v| v.to_str().ok()),
+            header_in(&api["response_headers"], name),
+            "{name} of the 304"
+        );
+    }
+    // Another tag, or the plain document: the whole answer.
+    let other = s
+        .send(
+            Method::GET,
+            "/api",
+            &[("accept", accept), ("if-none-match", "\"0\"")],
+            "",
+        )
+        .await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.body, first.body);
+    let plain = s
+        .send(Method::GET, "/api", &[("if-none-match", etag)], "")
+        .await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert!(plain.headers.get("etag").is_none());
+
+    let apis = s.get_accept("/apis", accept).await;
+    let apis_tag = apis.headers.get("etag").expect("/apis is tagged").clone();
+    assert_ne!(apis_tag, etag);
+    let apis_again = s
+        .send(
+            Method::GET,
+            "/apis",
+            &[
+                ("accept", accept),
+                ("if-none-match", apis_tag.to_str().unwrap()),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(apis_again.status, StatusCode::NOT_MODIFIED);
+}

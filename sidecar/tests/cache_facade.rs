@@ -310,7 +310,10 @@ async fn streams_are_checked() -> anyhow::Result<()> {
 /// What a client's HTTP cache may do with the facade's answers, as the API
 /// server said for the same requests (`kube-sim/fixtures`): kubectl keeps
 /// answers in its disk cache, and its version dispatcher takes `/version`
-/// from there unless told to ask again (`no-cache`).
+/// from there unless told to ask again (`no-cache`); aggregated discovery
+/// carries the server's `Etag`, and asking again with it gets `304` as
+/// `ServeHTTPWithETag` answers (k8s.io/apiserver/pkg/endpoints/discovery/
+/// aggregated/etag.go; no 304 was recorded).
 #[tokio::test]
 async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::Result<()> {
     let sidecar = start().await?;
@@ -353,13 +356,34 @@ async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::
         )
         .await?;
         assert_eq!(answer.status, 200, "{path}");
-        for name in ["Cache-Control", "Vary"] {
+        for name in ["Cache-Control", "Vary", "Etag"] {
             assert_eq!(
                 answer.headers.get(name).map(|v| v.to_str().unwrap()),
                 recorded_header(&entry["response_headers"], name),
                 "{name} of {path}"
             );
         }
+    }
+    let api = recorded_request(|e| e["method"] == "GET" && e["path"] == "/api");
+    let accept = recorded_header(&api["request_headers"], "Accept").unwrap();
+    let etag = recorded_header(&api["response_headers"], "Etag").unwrap();
+    let again = request(
+        &http,
+        "GET",
+        &sidecar.url("/accounts/prod/api"),
+        &[("accept", accept), ("if-none-match", etag)],
+        "",
+    )
+    .await?;
+    assert_eq!(again.status, 304);
+    assert!(again.body.is_empty());
+    assert!(again.headers.get("content-type").is_none());
+    for name in ["Cache-Control", "Vary", "Etag"] {
+        assert_eq!(
+            again.headers.get(name).map(|v| v.to_str().unwrap()),
+            recorded_header(&api["response_headers"], name),
+            "{name} of the 304"
+        );
     }
     // A Status the facade answers itself: as the server's 404.
     let missing = get(

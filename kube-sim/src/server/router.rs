@@ -155,8 +155,9 @@ impl Query {
 /// recorded (`errors/requests.json`, `apply/*-get-openapi-v3-api-v1`):
 /// `public` for aggregated discovery of `/api` and `/apis`, `public,
 /// immutable` for an OpenAPI v3 document named by its `hash`, both with
-/// `Vary: Accept`; else, unless the answer set one, [`spinlink_kube_api::NO_CACHE`].
-/// (The server also sends an `Etag` with the first two; kube-sim does not.)
+/// `Vary: Accept` (on a `304` too); else, unless the answer set one,
+/// [`spinlink_kube_api::NO_CACHE`]. (The server also sends an `Etag` with
+/// hashed OpenAPI documents; kube-sim does not.)
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     let public = if path.starts_with("/openapi/v3/")
@@ -172,7 +173,9 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Bo
     };
     let mut resp = answer(ctx, req).await;
     match public {
-        Some(cache_control) if resp.status() == StatusCode::OK => {
+        Some(cache_control)
+            if matches!(resp.status(), StatusCode::OK | StatusCode::NOT_MODIFIED) =>
+        {
             let headers = resp.headers_mut();
             headers.insert(
                 header::CACHE_CONTROL,
@@ -232,11 +235,14 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
                 None => status_response(&Status::no_route()),
             }
         }
-        ["api"] if is_get => discovery_root(&accept, "api"),
+        ["api"] if is_get => discovery_root(&accept, "api", &parts.headers),
         ["apis"] if is_get => {
             let aggregated = wants_aggregated(&accept);
             match discovery::apis(&ctx.sim.custom_resources(), aggregated) {
-                Some(doc) if aggregated => json_typed(StatusCode::OK, AGGREGATED_V2, &doc),
+                Some(doc) if aggregated => aggregated_discovery(
+                    serde_json::to_vec(&doc).unwrap_or_default(),
+                    &parts.headers,
+                ),
                 Some(doc) => json_response(StatusCode::OK, &doc),
                 None => status_response(&Status::no_route()),
             }
@@ -284,17 +290,33 @@ fn wants_aggregated(accept: &str) -> bool {
     )
 }
 
-fn json_typed(code: StatusCode, content_type: &str, v: &Value) -> Response<Body> {
-    full(
-        code,
-        content_type,
-        serde_json::to_vec(v).unwrap_or_default(),
-    )
+/// Aggregated discovery `document` with the API server's `ETag`
+/// ([`spinlink_kube_api::discovery`]); `304` with no body when the request's
+/// `If-None-Match` names it.
+fn aggregated_discovery(document: impl Into<Bytes>, headers: &HeaderMap) -> Response<Body> {
+    use spinlink_kube_api::discovery;
+    let document = document.into();
+    let etag = discovery::etag(&document);
+    let mut resp = match &etag {
+        Some(tag) if discovery::not_modified(headers, tag) => {
+            let mut resp = Response::new(Full::new(Bytes::new()).boxed());
+            *resp.status_mut() = StatusCode::NOT_MODIFIED;
+            resp
+        }
+        _ => full(StatusCode::OK, AGGREGATED_V2, document),
+    };
+    if let Some(tag) = etag {
+        resp.headers_mut().insert(header::ETAG, tag);
+    }
+    resp
 }
 
-fn discovery_root(accept: &str, root: &str) -> Response<Body> {
+fn discovery_root(accept: &str, root: &str, headers: &HeaderMap) -> Response<Body> {
     if wants_aggregated(accept) {
-        fixture(&format!("discovery/{root}.aggregated.json"), AGGREGATED_V2)
+        match fixtures::file(&format!("discovery/{root}.aggregated.json")) {
+            Some(doc) => aggregated_discovery(doc, headers),
+            None => status_response(&Status::no_route()),
+        }
     } else {
         fixture(&format!("discovery/{root}.json"), "application/json")
     }

@@ -251,6 +251,9 @@ pub struct Document {
     pub content_type: String,
     /// Its body.
     pub body: Bytes,
+    /// The API server's `ETag` of an aggregated document, worked out once
+    /// ([`spinlink_kube_api::discovery::etag`]).
+    pub etag: Option<http::HeaderValue>,
 }
 
 /// What [`Cache::apply`] did.
@@ -667,11 +670,17 @@ impl Cache {
         self.discovery = documents
             .into_iter()
             .map(|d| {
+                let etag = d
+                    .path
+                    .ends_with(spinlink_proto::aggregated::PATH_SUFFIX)
+                    .then(|| spinlink_kube_api::discovery::etag(&d.body))
+                    .flatten();
                 (
                     d.path,
                     Document {
                         content_type: d.content_type,
                         body: Bytes::from(d.body),
+                        etag,
                     },
                 )
             })

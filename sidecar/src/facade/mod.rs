@@ -274,17 +274,18 @@ impl Facade {
                 None => true,
             };
             let cache_read = cache_read.filter(|_| allowed);
-            let cached = read::discovery(&account, &k8s_path, &accept).or_else(|| {
-                if let Some(key) = &openapi_key {
-                    return openapi::serve(&self.openapi, &account, key, req.headers());
-                }
-                let rp = rp.as_ref()?;
-                if cache_read? {
-                    watch::serve(&account, rp, &query, &accept, &self.watch)
-                } else {
-                    read::resource(&account, rp, &query, &accept)
-                }
-            });
+            let cached =
+                read::discovery(&account, &k8s_path, &accept, req.headers()).or_else(|| {
+                    if let Some(key) = &openapi_key {
+                        return openapi::serve(&self.openapi, &account, key, req.headers());
+                    }
+                    let rp = rp.as_ref()?;
+                    if cache_read? {
+                        watch::serve(&account, rp, &query, &accept, &self.watch)
+                    } else {
+                        read::resource(&account, rp, &query, &accept)
+                    }
+                });
             if let Some(mut resp) = cached {
                 self.metrics.request(&name, verb, Source::Cache);
                 warn_stale(&account, stale, &mut resp);

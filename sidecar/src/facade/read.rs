@@ -30,8 +30,16 @@ fn json_response(body: Vec<u8>, content_type: &str) -> Response<Body> {
 /// that accepts aggregated discovery gets the cluster's own aggregated
 /// document with its media type when the agent sent one (`/api`, `/apis`);
 /// otherwise the plain document as `application/json`, which kubectl
-/// accepts by falling back to one request per group version.
-pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response<Body>> {
+/// accepts by falling back to one request per group version. An
+/// aggregated document carries the API server's `ETag`, and a request that
+/// names it in `If-None-Match` gets `304` with no body
+/// ([`spinlink_kube_api::discovery`]).
+pub fn discovery(
+    account: &Account,
+    path: &str,
+    accept: &str,
+    headers: &http::HeaderMap,
+) -> Option<Response<Body>> {
     use spinlink_proto::aggregated;
     let cache = account.read_cache();
     let wants_aggregated = accept.contains(aggregated::MARK);
@@ -52,19 +60,33 @@ pub fn discovery(account: &Account, path: &str, accept: &str) -> Option<Response
     } else {
         doc.content_type.as_str()
     };
-    let mut resp = Response::new(full(doc.body.clone()));
-    if let Ok(v) = header::HeaderValue::from_str(content_type) {
-        resp.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
+    let etag = aggregated_doc.and_then(|d| d.etag.as_ref());
+    let mut resp = match etag {
+        Some(tag) if spinlink_kube_api::discovery::not_modified(headers, tag) => {
+            let mut resp = Response::new(full(Bytes::new()));
+            *resp.status_mut() = StatusCode::NOT_MODIFIED;
+            resp
+        }
+        _ => {
+            let mut resp = Response::new(full(doc.body.clone()));
+            if let Ok(v) = header::HeaderValue::from_str(content_type) {
+                resp.headers_mut().insert(header::CONTENT_TYPE, v);
+            }
+            resp
+        }
+    };
     if aggregated_doc.is_some() {
         // As the API server says of aggregated discovery (recorded in
-        // `kube-sim/fixtures/errors/requests.json`); it adds an `Etag`.
+        // `kube-sim/fixtures/errors/requests.json`), on a `304` too.
         let headers = resp.headers_mut();
         headers.insert(
             header::CACHE_CONTROL,
             header::HeaderValue::from_static("public"),
         );
         headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
+        if let Some(tag) = etag {
+            headers.insert(header::ETAG, tag.clone());
+        }
     }
     Some(resp)
 }
