@@ -218,6 +218,19 @@ http {{
             proxy_set_header Upgrade $http_upgrade;
             proxy_set_header Connection "upgrade";
         }}
+        location /twice/ {{
+            proxy_pass http://deck;
+            # A location's own settings replace the inherited ones; these
+            # two the gateway sends even where nginx is not told to.
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Twice one;
+            proxy_set_header X-Twice two;
+            proxy_set_header X-Empty-First "";
+            proxy_set_header X-Empty-First three;
+            proxy_set_header X-Empty-Last four;
+            proxy_set_header X-Empty-Last "";
+        }}
     }}
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol;
@@ -382,7 +395,8 @@ async fn echo(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     let seen = format!(
-        "method={}\nuri={}\nhost={}\nxff={}\nxfp={}\nxri={}\nssl-cert={}\nupgrade={}\n",
+        "method={}\nuri={}\nhost={}\nxff={}\nxfp={}\nxri={}\nssl-cert={}\nupgrade={}\n\
+         x-twice={}\nx-empty-first={}\nx-empty-last={}\n",
         req.method(),
         req.uri(),
         h("host"),
@@ -391,6 +405,9 @@ async fn echo(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
         h("x-real-ip"),
         h("x-ssl-client-cert"),
         h("upgrade"),
+        h("x-twice"),
+        h("x-empty-first"),
+        h("x-empty-last"),
     );
     let body = req.into_body().collect().await?.to_bytes();
     let text = format!("{seen}body-bytes={}\n", body.len());
@@ -958,6 +975,17 @@ async fn nginx_and_the_gateway_answer_alike() {
     let cases: Vec<(&str, Req, bool)> = vec![
         ("ui", Req::get("deck.test", "/index.html?x=1"), false),
         ("ui h2", Req::get("deck.test", "/index.html?x=1"), true),
+        // Every setting of one name is sent; an empty one adds nothing.
+        (
+            "proxy_set_header of one name twice",
+            Req::get("deck.test", "/twice/x"),
+            false,
+        ),
+        (
+            "proxy_set_header of one name twice h2",
+            Req::get("deck.test", "/twice/x"),
+            true,
+        ),
         (
             "tls upstream, verified",
             Req::get("deck.test", "/tls/index.html"),

@@ -21,7 +21,8 @@
 //!
 //! [`forward`] rewrites the URI as `proxy_pass` with a URI part does, drops
 //! hop-by-hop headers, adds `X-Forwarded-For/-Proto/-Host`, applies the
-//! location's `proxy_set_header` templates (an empty value removes), bounds a
+//! location's `proxy_set_header` templates (each sent, several of one name
+//! too; an empty value only removes the request's), bounds a
 //! body without `Content-Length` by `client_max_body_size`, waits at most the
 //! read timeout for the response head (504) and between body frames, and
 //! splices an HTTP/1.1 `Upgrade` (WebSocket) through once both sides agree.
@@ -432,25 +433,31 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
     }
     // nginx's default `Host: $proxy_host`, unless the location sets it.
     let mut host = ctx.pool.host.clone();
-    // Each setting replaces what the request (or an earlier setting of the
-    // same name) had: one lookup for a value, one removal for none.
-    for (name, at) in set {
+    // A name the location sets is not passed from the request, and each of
+    // its settings with a value is sent, as nginx sends them (the first
+    // replaces what the request had, in one lookup; the next ones add).
+    for (i, (name, at)) in set.into_iter().enumerate() {
         let empty = at.is_empty();
         let v = if empty { None } else { value(at) };
         if name == header::HOST {
             host = v;
             continue;
         }
-        match v {
-            Some(v) => {
+        if v.is_none() && !empty {
+            tracing::debug!(header = %name, "header value not sendable; dropped");
+        }
+        let first = !ctx.headers[..i].iter().any(|(n, _)| n == name);
+        match (v, first) {
+            (Some(v), true) => {
                 headers.insert(name.clone(), v);
             }
-            None => {
-                headers.remove(name);
-                if !empty {
-                    tracing::debug!(header = %name, "header value not sendable; dropped");
-                }
+            (Some(v), false) => {
+                headers.append(name.clone(), v);
             }
+            (None, true) => {
+                headers.remove(name);
+            }
+            (None, false) => {}
         }
     }
     if upgrade {
