@@ -568,7 +568,7 @@ impl Agent {
         grace: Duration,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let handoff = link.drains.clone();
-        match self.open_link_with(clusters, &handoff).await {
+        match self.open_link_with(clusters, &handoff, false).await {
             Ok(new) => {
                 let old = std::mem::replace(link, new);
                 self.metrics.moves.inc();
@@ -582,19 +582,25 @@ impl Agent {
         }
     }
 
-    /// A new connection with every account started on it.
+    /// A new connection with every account started on it. Its `Hello`
+    /// refused for the identity's rate is asked again on it, after the
+    /// reconnect backoff's delays: the connection is sound, and dialling
+    /// anew would cost a handshake and meet the same bound.
     async fn open_link(&self, clusters: &[Cluster]) -> Result<Link> {
-        self.open_link_with(clusters, &BTreeMap::new()).await
+        self.open_link_with(clusters, &BTreeMap::new(), true).await
     }
 
     /// A new connection: dial, `Hello`, `Control`, and start each granted
     /// account; an account in `handoff` takes over from its stream on the
     /// old connection, which is told to drain once the new relay stream is
-    /// open.
+    /// open. `patient`: a `Hello` refused for the identity's rate is asked
+    /// again on this connection (see [`Self::open_link`]); else it fails
+    /// the attempt at once.
     async fn open_link_with(
         &self,
         clusters: &[Cluster],
         handoff: &BTreeMap<String, Handoff>,
+        patient: bool,
     ) -> Result<Link> {
         // The certificate this attempt presents, read before dialling (the
         // file is read on every connect): one that expired, and so fails
@@ -613,7 +619,17 @@ impl Agent {
                 .kubernetes_version(&info.name, &info.kubernetes_version);
         }
         let session = Arc::new(Session::new(client, self.config.agent_id.clone(), infos));
-        let answer = session.hello(&[]).await?;
+        let mut hello_backoff = Backoff::from_config(&self.config.reconnect);
+        let answer = loop {
+            match session.hello(&[]).await {
+                Err(e) if patient && e.is_hello_rate_refusal() => {
+                    let delay = hello_backoff.next_delay();
+                    warn!(error = %e, ?delay, "Hello not answered for the identity's rate; asking again on this connection");
+                    tokio::time::sleep(delay).await;
+                }
+                answer => break answer?,
+            }
+        };
         info!(gateway = %answer.gateway_id, granted = answer.granted.len(), refused = answer.refused.len(), "Hello answered");
         let control = open_control(&session).await;
         let assignments = open_assignments(&self.config, &session).await;

@@ -174,6 +174,41 @@ async fn hello_streams_metadata_and_refusal() {
     gw.stop().await;
 }
 
+/// A new connection's first `Hello` turned away for the identity's rate is
+/// asked again on that connection: the agent once dropped it and dialled
+/// anew, a handshake per refusal against the same bound.
+#[tokio::test]
+async fn a_first_hello_refused_for_the_rate_is_asked_again_on_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = FakeGateway::start(dir.path()).await;
+    gw.exceed_hello_rate(true);
+    let dev = write_plain_kubeconfig(&dir.path().join("dev.kubeconfig"), DEAD_CLUSTER);
+    let agent = start_agent(&gw.agent_yaml(&[("dev", &dev)]));
+    gw.wait_for("three Hellos refused for the rate", |r| {
+        r.rate_refused.len() >= 3
+    })
+    .await;
+    gw.exceed_hello_rate(false);
+    gw.wait_for("a Hello answered and dev's streams open", |r| {
+        !r.hellos.is_empty() && r.streams.len() >= 2
+    })
+    .await;
+    gw.with(|r| {
+        let first = r.rate_refused[0];
+        assert!(
+            r.rate_refused.iter().all(|c| *c == first),
+            "a refused Hello made the agent dial anew: {:?}",
+            r.rate_refused
+        );
+        assert!(
+            r.hellos.iter().all(|(c, _)| *c == first) && r.streams.iter().all(|s| s.conn == first),
+            "the answered Hello and the streams came on the refused connection"
+        );
+    });
+    agent.stop().await;
+    gw.stop().await;
+}
+
 /// The gateway bounds Hellos per identity, and a restarted agent's Hellos
 /// count against the same bound as its refused accounts' retries: a retry
 /// refused for the rate must leave the connection, and the account streams
