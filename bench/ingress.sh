@@ -17,6 +17,8 @@
 #   INSTRUCTIONS=1 bench/ingress.sh   # REQUESTS=2200 SMALL=CLIENTS*20
 #
 # counts instructions per request instead (both fronts under callgrind).
+# PROTOCOLS="h1" (or "h2") measures one protocol only; with INSTRUCTIONS=1
+# and DUMPS=<dir>, the last dump of each process is then that protocol's.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -182,7 +184,7 @@ if [ -n "${INSTRUCTIONS:-}" ]; then
     echo
     echo "| protocol | nginx instructions per request | gateway instructions per request | gateway / nginx |"
     echo "|---|---|---|---|"
-    for proto in h1 h2; do
+    for proto in ${PROTOCOLS:-h1 h2}; do
         declare -A I=()
         for side in nginx gateway; do
             small=$(counted "$side" "$proto" "$SMALL")
@@ -193,7 +195,7 @@ if [ -n "${INSTRUCTIONS:-}" ]; then
         echo "| $label | ${I[nginx]} | ${I[gateway]} | $(awk -v g="${I[gateway]}" -v n="${I[nginx]}" 'BEGIN { printf "%.2f", g / n }') |"
     done
     # DUMPS=<dir> keeps the dumps (the last of each process is its large
-    # HTTP/2 run) for callgrind_annotate.
+    # run of the last protocol) for callgrind_annotate.
     if [ -n "${DUMPS:-}" ]; then mkdir -p "$DUMPS" && cp "$DIR"/callgrind.* "$DUMPS"/; fi
     exit 0
 fi
@@ -201,7 +203,7 @@ fi
 # Warm-up, then alternate sides.
 rate "$NGX" h2 >/dev/null; rate "$GW" h2 >/dev/null
 declare -A R T
-for proto in h1 h2; do
+for proto in ${PROTOCOLS:-h1 h2}; do
     for side in nginx gateway; do R[$side-$proto]=""; T[$side-$proto]=0; done
     for _ in $(seq "$RUNS"); do
         measure nginx "$proto"
@@ -228,7 +230,7 @@ echo "- h2load $(h2load --version | head -1 | awk '{print $2}'): $REQUESTS reque
 echo
 echo "| protocol | nginx req/s (median) | gateway req/s (median) | gateway / nginx | CPU µs per request, nginx / gateway | gateway CPU / nginx CPU |"
 echo "|---|---|---|---|---|---|"
-for proto in h1 h2; do
+for proto in ${PROTOCOLS:-h1 h2}; do
     n=$(tr ' ' '\n' <<<"${R[nginx-$proto]}" | grep . | median)
     g=$(tr ' ' '\n' <<<"${R[gateway-$proto]}" | grep . | median)
     ratio=$(awk -v g="$g" -v n="$n" 'BEGIN { printf "%.2f", g / n }')
@@ -238,6 +240,6 @@ for proto in h1 h2; do
     echo "| $label | $n | $g | $ratio | $cn / $cg | $cratio |"
 done
 echo
-for proto in h1 h2; do
+for proto in ${PROTOCOLS:-h1 h2}; do
     echo "- runs $proto: nginx ${R[nginx-$proto]}; gateway ${R[gateway-$proto]}"
 done
