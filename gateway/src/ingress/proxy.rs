@@ -396,8 +396,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         .then(|| written(&mut text, |out| super::vars::forwarded_for_into(&vars, out)));
     let forwarded_host = (!location_sets(&X_FORWARDED_HOST))
         .then(|| written(&mut text, |out| out.push_str(ctx.host)));
-    // Each location header and where its value lies in `text` (empty: the
-    // header is removed).
+    // Each location header and where its value lies in `text` (empty:
+    // nothing to send).
     let set: SmallVec<[(&HeaderName, Range<usize>); 8]> = ctx
         .headers
         .iter()
