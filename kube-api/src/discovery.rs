@@ -43,6 +43,17 @@ pub fn fuzz_etag(data: &[u8]) {
     }
 }
 
+/// The caching headers the server gives an aggregated discovery answer,
+/// a `304` too: `Cache-Control: public`, `Vary: Accept` (as recorded in
+/// `errors/requests.json`) and the document's `ETag` when it has one.
+pub fn cache_headers(headers: &mut HeaderMap, etag: Option<&HeaderValue>) {
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+    headers.insert(header::VARY, HeaderValue::from_static("Accept"));
+    if let Some(tag) = etag {
+        headers.insert(header::ETAG, tag.clone());
+    }
+}
+
 /// Whether a request with `headers` already holds the document tagged
 /// `etag`: its first `If-None-Match` is exactly it (Go's `Header.Get`).
 pub fn not_modified(headers: &HeaderMap, etag: &HeaderValue) -> bool {

@@ -1,6 +1,6 @@
 //! nginx variables in header values (`proxy_set_header Host $host`):
 //! compiled once at load time ([`Template::compile`], an unknown variable is
-//! a configuration error), expanded per request ([`Template::expand`]).
+//! a configuration error), expanded per request ([`Template::expand_into`]).
 
 /// `X-Forwarded-For`: read by `$proxy_add_x_forwarded_for`, and set by the
 /// proxy when a location does not.
@@ -120,13 +120,6 @@ impl Template {
             parts.push(Part::Lit(lit));
         }
         Ok(Self(parts))
-    }
-
-    /// The value for one request.
-    pub fn expand(&self, v: &Vars<'_>) -> String {
-        let mut out = String::new();
-        self.expand_into(v, &mut out);
-        out
     }
 
     /// The value for one request, written at the end of `out`.
@@ -250,7 +243,11 @@ mod tests {
             client_cert_escaped: "",
             client_verify: "NONE",
         };
-        let t = |s: &str| Template::compile(s).unwrap().expand(&v);
+        let t = |s: &str| {
+            let mut out = String::new();
+            Template::compile(s).unwrap().expand_into(&v, &mut out);
+            out
+        };
         assert_eq!(t("$host"), "api.example.com");
         assert_eq!(
             t("${scheme}://$host$request_uri"),

@@ -153,41 +153,29 @@ impl Query {
 
 /// Handles one request. Its answer's `Cache-Control` is the API server's, as
 /// recorded (`errors/requests.json`, `apply/*-get-openapi-v3-api-v1`):
-/// `public` for aggregated discovery of `/api` and `/apis`, `public,
-/// immutable` for an OpenAPI v3 document named by its `hash`, both with
-/// `Vary: Accept` (on a `304` too); else, unless the answer set one,
+/// `public, immutable` for an OpenAPI v3 document named by its `hash`, with
+/// `Vary: Accept`; aggregated discovery sets its own
+/// ([`aggregated_discovery`]); else, unless the answer set one,
 /// [`spinlink_kube_api::NO_CACHE`]. (The server also sends an `Etag` with
 /// hashed OpenAPI documents; kube-sim does not.)
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path();
-    let public = if path.starts_with("/openapi/v3/")
-        && Query::parse(req.uri().query()).get("hash").is_some()
-    {
-        Some("public, immutable")
-    } else if (path == "/api" || path == "/apis")
-        && wants_aggregated(header_str(req.headers(), header::ACCEPT))
-    {
-        Some("public")
-    } else {
-        None
-    };
+    let hashed_openapi = req.uri().path().starts_with("/openapi/v3/")
+        && Query::parse(req.uri().query()).get("hash").is_some();
     let mut resp = answer(ctx, req).await;
-    match public {
-        Some(cache_control)
-            if matches!(resp.status(), StatusCode::OK | StatusCode::NOT_MODIFIED) =>
-        {
-            let headers = resp.headers_mut();
-            headers.insert(
-                header::CACHE_CONTROL,
-                header::HeaderValue::from_static(cache_control),
-            );
-            headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
-        }
-        _ => {
-            resp.headers_mut().entry(header::CACHE_CONTROL).or_insert(
-                header::HeaderValue::from_static(spinlink_kube_api::NO_CACHE),
-            );
-        }
+    let public = hashed_openapi && resp.status() == StatusCode::OK;
+    let headers = resp.headers_mut();
+    if public {
+        headers.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("public, immutable"),
+        );
+        headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
+    } else {
+        headers
+            .entry(header::CACHE_CONTROL)
+            .or_insert(header::HeaderValue::from_static(
+                spinlink_kube_api::NO_CACHE,
+            ));
     }
     resp
 }
@@ -290,9 +278,9 @@ fn wants_aggregated(accept: &str) -> bool {
     )
 }
 
-/// Aggregated discovery `document` with the API server's `ETag`
-/// ([`spinlink_kube_api::discovery`]); `304` with no body when the request's
-/// `If-None-Match` names it.
+/// Aggregated discovery `document` with the API server's `ETag` and cache
+/// headers ([`spinlink_kube_api::discovery`]); `304` with no body when the
+/// request's `If-None-Match` names it.
 fn aggregated_discovery(document: impl Into<Bytes>, headers: &HeaderMap) -> Response<Body> {
     use spinlink_kube_api::discovery;
     let document = document.into();
@@ -305,9 +293,7 @@ fn aggregated_discovery(document: impl Into<Bytes>, headers: &HeaderMap) -> Resp
         }
         _ => full(StatusCode::OK, AGGREGATED_V2, document),
     };
-    if let Some(tag) = etag {
-        resp.headers_mut().insert(header::ETAG, tag);
-    }
+    discovery::cache_headers(resp.headers_mut(), etag.as_ref());
     resp
 }
 

@@ -76,17 +76,7 @@ pub fn discovery(
         }
     };
     if aggregated_doc.is_some() {
-        // As the API server says of aggregated discovery (recorded in
-        // `kube-sim/fixtures/errors/requests.json`), on a `304` too.
-        let headers = resp.headers_mut();
-        headers.insert(
-            header::CACHE_CONTROL,
-            header::HeaderValue::from_static("public"),
-        );
-        headers.insert(header::VARY, header::HeaderValue::from_static("Accept"));
-        if let Some(tag) = etag {
-            headers.insert(header::ETAG, tag.clone());
-        }
+        spinlink_kube_api::discovery::cache_headers(resp.headers_mut(), etag);
     }
     Some(resp)
 }
