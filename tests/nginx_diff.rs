@@ -129,6 +129,10 @@ struct Upstreams {
     closing: SocketAddr,
     raw: SocketAddr,
     silent: SocketAddr,
+    /// Connecting hangs ([`spinlink_gateway::test_support::BlackHole`]).
+    hole: SocketAddr,
+    /// Connections are refused.
+    refusing: SocketAddr,
 }
 
 /// The configuration both servers run; only the port and the closing
@@ -142,6 +146,8 @@ fn nginx_conf(dir: &Path, port: u16, up: Upstreams) -> String {
         closing,
         raw,
         silent,
+        hole,
+        refusing,
     } = up;
     format!(
         r#"
@@ -170,6 +176,9 @@ http {{
     upstream raw {{ server {raw}; keepalive 8; }}
     upstream failover {{ server {raw} max_fails=0; server {echo} backup; }}
     upstream hung {{ server {silent} max_fails=0; server {echo} backup; }}
+    upstream unreachable {{ server {hole} max_fails=0; server {echo} backup; }}
+    upstream refusing {{ server {refusing} max_fails=0; server {echo} backup; }}
+    upstream nowhere {{ server {hole} max_fails=0; }}
 
     server {{
         listen 127.0.0.1:{port} ssl http2 proxy_protocol default_server;
@@ -212,6 +221,18 @@ http {{
         location /hung/ {{
             proxy_pass http://hung;
             proxy_read_timeout 1s;
+        }}
+        location /unreachable/ {{
+            proxy_pass http://unreachable;
+            proxy_connect_timeout 300ms;
+            proxy_read_timeout 30s;
+        }}
+        location /refusing/ {{
+            proxy_pass http://refusing;
+        }}
+        location /nowhere/ {{
+            proxy_pass http://nowhere;
+            proxy_connect_timeout 300ms;
         }}
         location /ws {{
             proxy_pass http://deck;
@@ -916,6 +937,8 @@ async fn nginx_and_the_gateway_answer_alike() {
     let (nginx_closing, nginx_closing_log) =
         spinlink_gateway::test_support::closing_upstream().await;
     let (gw_closing, gw_closing_log) = spinlink_gateway::test_support::closing_upstream().await;
+    let black_hole = spinlink_gateway::test_support::BlackHole::new().await;
+    let (refusing, _bound) = spinlink_gateway::test_support::refusing_address();
     let upstreams = Upstreams {
         echo,
         echo_tls,
@@ -923,6 +946,8 @@ async fn nginx_and_the_gateway_answer_alike() {
         closing: nginx_closing,
         raw: spinlink_gateway::test_support::raw_upstream(raw_answer).await,
         silent: spinlink_gateway::test_support::silent_upstream().await,
+        hole: black_hole.addr(),
+        refusing,
     };
     let (nginx_port, gw_port) = (free_port(), free_port());
     let nginx_conf_path: PathBuf = d.join("nginx.conf");
@@ -1159,11 +1184,50 @@ async fn nginx_and_the_gateway_answer_alike() {
         .map(|(case, req, h2)| (format!("sent, {what}, {case}"), req, h2))
     })
     .collect();
+    // No connection made — the server refuses it, or it does not come
+    // within `proxy_connect_timeout` — and nothing sent: every request goes
+    // on to the backup, a POST's body with it (nginx buffered it; the
+    // gateway had not read it yet). Nothing left after a connect timeout:
+    // 504.
+    let unsent_cases: Vec<(String, Req, bool)> = [
+        ("connect timeout", ["/unreachable/get", "/unreachable/post"]),
+        ("refused", ["/refusing/get", "/refusing/post"]),
+    ]
+    .into_iter()
+    .flat_map(|(what, [get, post_path])| {
+        [
+            ("GET", Req::get("deck.test", get), false),
+            ("GET h2", Req::get("deck.test", get), true),
+            (
+                "POST without a body",
+                post("deck.test", post_path, b"", false),
+                false,
+            ),
+            (
+                "POST with a body",
+                post("deck.test", post_path, &big[..1000], false),
+                false,
+            ),
+            (
+                "POST with a streamed body h2",
+                post("deck.test", post_path, &big[..1000], true),
+                true,
+            ),
+        ]
+        .map(|(case, req, h2)| (format!("not connected, {what}, {case}"), req, h2))
+    })
+    .chain([(
+        "not connected, no server left".to_owned(),
+        Req::get("deck.test", "/nowhere/x"),
+        false,
+    )])
+    .collect();
     let cases: Vec<(&str, Req, bool)> = cases
         .into_iter()
         .chain(
             next_server_cases
                 .iter()
+                .chain(&unsent_cases)
                 .chain(&raw_cases)
                 .map(|(n, r, h2)| (n.as_str(), r.clone(), *h2)),
         )

@@ -124,3 +124,56 @@ async fn read_head(s: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> Optio
         }
     }
 }
+
+/// A loopback address where connecting hangs, as to a host that drops
+/// packets: a listener that never accepts, its accept queue (of one) filled,
+/// so the kernel drops every further SYN and a connect waits for its own
+/// timeout. Lasts as long as the value.
+pub struct BlackHole {
+    addr: SocketAddr,
+    _listener: tokio::net::TcpListener,
+    _queued: Vec<tokio::net::TcpStream>,
+}
+
+impl BlackHole {
+    /// Binds it and fills its queue (panics if connecting never hangs).
+    pub async fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        // A backlog of 0: the queue holds one connection, no more.
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..16 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(std::time::Duration::from_millis(500), connect).await {
+                Ok(Ok(stream)) => queued.push(stream),
+                Ok(Err(e)) => panic!("filling the black hole's queue: {e}"),
+                Err(_) => {
+                    return Self {
+                        addr,
+                        _listener: listener,
+                        _queued: queued,
+                    };
+                }
+            }
+        }
+        panic!(
+            "connecting to {addr} never hung after {} connections",
+            queued.len()
+        );
+    }
+
+    /// Where connections hang.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// A loopback address that refuses connections: a port bound (so no one
+/// else takes it) with nothing listening. Lasts as long as the socket.
+pub fn refusing_address() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    (socket.local_addr().unwrap(), socket)
+}

@@ -173,6 +173,11 @@ pub struct Location {
     /// The effective `proxy_read_timeout` or `grpc_read_timeout`, in
     /// milliseconds (nginx's default 60 s).
     pub read_timeout_ms: u64,
+    /// The effective `proxy_connect_timeout` or `grpc_connect_timeout`, in
+    /// milliseconds: connecting to a server (and its TLS handshake) within
+    /// it (nginx's default 60 s, also when a configuration leaves it out).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
     /// The effective `client_max_body_size` in bytes; `None` for `0`, no limit
     /// (nginx's default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -346,4 +351,10 @@ fn select<'a>(locations: &'a [Location], path: &str) -> Option<&'a Location> {
         .filter(|l| l.match_kind == MatchKind::Prefix && path.starts_with(l.path.as_str()))
         .max_by_key(|l| l.path.len())?;
     Some(select(&best.locations, path).unwrap_or(best))
+}
+
+/// A configuration without `connectTimeoutMs` (written before the gateway
+/// read `proxy_connect_timeout`) gets nginx's default.
+fn default_connect_timeout_ms() -> u64 {
+    crate::resolve::DEFAULT_CONNECT_TIMEOUT_MS
 }

@@ -24,6 +24,8 @@ use crate::{Options, Parsed};
 pub const DEFAULT_CLIENT_MAX_BODY_SIZE: u64 = 1024 * 1024;
 /// nginx's `proxy_read_timeout` / `grpc_read_timeout` default: 60s.
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 60_000;
+/// nginx's `proxy_connect_timeout` / `grpc_connect_timeout` default: 60s.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 60_000;
 /// nginx's `ssl_protocols` default since 1.23.4.
 pub const DEFAULT_TLS_PROTOCOLS: [TlsProtocol; 2] = [TlsProtocol::TlsV1_2, TlsProtocol::TlsV1_3];
 /// The port of a `listen` or upstream `server` without one.
@@ -36,6 +38,8 @@ struct Conf {
     grpc_headers: Option<Vec<Header>>,
     proxy_read_timeout: Option<u64>,
     grpc_read_timeout: Option<u64>,
+    proxy_connect_timeout: Option<u64>,
+    grpc_connect_timeout: Option<u64>,
     body: Option<u64>,
     real_ip_from: Option<Vec<String>>,
     real_ip_header: Option<RealIpHeader>,
@@ -87,6 +91,11 @@ impl Conf {
         or(&mut self.grpc_headers, &parent.grpc_headers);
         or(&mut self.proxy_read_timeout, &parent.proxy_read_timeout);
         or(&mut self.grpc_read_timeout, &parent.grpc_read_timeout);
+        or(
+            &mut self.proxy_connect_timeout,
+            &parent.proxy_connect_timeout,
+        );
+        or(&mut self.grpc_connect_timeout, &parent.grpc_connect_timeout);
         or(&mut self.body, &parent.body);
         or(&mut self.real_ip_from, &parent.real_ip_from);
         or(&mut self.real_ip_header, &parent.real_ip_header);
@@ -326,12 +335,16 @@ impl Resolver<'_> {
                     value: value.clone(),
                 });
             }
-            "proxy_read_timeout" | "grpc_read_timeout" => {
+            "proxy_read_timeout"
+            | "grpc_read_timeout"
+            | "proxy_connect_timeout"
+            | "grpc_connect_timeout" => {
                 let ms = values::parse_msec(arg0(d)).ok_or_else(|| invalid_slot(d))?;
-                let slot = if d.name == "proxy_read_timeout" {
-                    &mut conf.proxy_read_timeout
-                } else {
-                    &mut conf.grpc_read_timeout
+                let slot = match d.name.as_str() {
+                    "proxy_read_timeout" => &mut conf.proxy_read_timeout,
+                    "grpc_read_timeout" => &mut conf.grpc_read_timeout,
+                    "proxy_connect_timeout" => &mut conf.proxy_connect_timeout,
+                    _ => &mut conf.grpc_connect_timeout,
                 };
                 set_once(slot, ms, d)?;
             }
@@ -830,10 +843,18 @@ impl Resolver<'_> {
             target.as_ref().map(|t| t.protocol),
             Some(Protocol::Grpc | Protocol::Grpcs)
         );
-        let (headers, timeout) = if is_grpc {
-            (eff.grpc_headers.clone(), eff.grpc_read_timeout)
+        let (headers, timeout, connect_timeout) = if is_grpc {
+            (
+                eff.grpc_headers.clone(),
+                eff.grpc_read_timeout,
+                eff.grpc_connect_timeout,
+            )
         } else {
-            (eff.proxy_headers.clone(), eff.proxy_read_timeout)
+            (
+                eff.proxy_headers.clone(),
+                eff.proxy_read_timeout,
+                eff.proxy_connect_timeout,
+            )
         };
         let body = eff.body.unwrap_or(DEFAULT_CLIENT_MAX_BODY_SIZE);
         let upstream_tls = match target.as_ref().map(|t| t.protocol) {
@@ -848,6 +869,7 @@ impl Resolver<'_> {
             target,
             headers: headers.unwrap_or_default(),
             read_timeout_ms: timeout.unwrap_or(DEFAULT_READ_TIMEOUT_MS),
+            connect_timeout_ms: connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS),
             client_max_body_size: (body != 0).then_some(body),
             upstream_tls,
             locations,

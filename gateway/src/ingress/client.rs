@@ -59,15 +59,37 @@ const MAX_IDLE: usize = 32;
 /// How long an idle connection is reused: nginx's upstream
 /// `keepalive_timeout` default.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// nginx's `proxy_connect_timeout` default.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a request waits on an upstream server, phase by phase, as
+/// nginx times them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Timeouts {
+    /// Connecting, the TLS handshake included (`proxy_connect_timeout`,
+    /// `grpc_connect_timeout`).
+    pub connect: Duration,
+    /// From the request handed to a connection to its answer's head
+    /// (`proxy_read_timeout`, `grpc_read_timeout`).
+    pub read: Duration,
+}
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum SendError {
-    /// No connection to the server could be made: nothing was sent.
-    #[error("connecting: {0}")]
-    Connect(#[source] BoxError),
+    /// No connection to the server could be made (refused, unreachable,
+    /// or not within the connect timeout): nothing was sent, and the
+    /// request's body, not read from, comes back with the error.
+    #[error("connecting: {error}")]
+    Connect {
+        #[source]
+        error: BoxError,
+        /// The connect timeout ran out (nginx's `timeout`, not `error`).
+        timed_out: bool,
+        body: Option<ReqBody>,
+    },
+    /// The request was handed to a connection and no answer's head came
+    /// within the read timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
     /// An HTTP/1.1 exchange failed after the request was handed over.
     #[error(transparent)]
     H1(#[from] h1::Error),
@@ -77,9 +99,43 @@ pub(super) enum SendError {
 }
 
 impl SendError {
+    fn connect(error: impl Into<BoxError>, body: Option<ReqBody>) -> Self {
+        Self::Connect {
+            error: error.into(),
+            timed_out: false,
+            body,
+        }
+    }
+
     /// Nothing reached the server; another may be tried.
     pub(super) fn is_connect(&self) -> bool {
-        matches!(self, Self::Connect(_))
+        matches!(self, Self::Connect { .. })
+    }
+
+    /// A timeout ended the attempt (connecting or waiting for the answer),
+    /// not an error.
+    pub(super) fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout(_)
+                | Self::Connect {
+                    timed_out: true,
+                    ..
+                }
+        )
+    }
+
+    /// Whether the error hands a request's body back.
+    pub(super) fn has_body(&self) -> bool {
+        matches!(self, Self::Connect { body: Some(_), .. })
+    }
+
+    /// The body of a request that never reached the server, for the next.
+    pub(super) fn take_body(&mut self) -> Option<ReqBody> {
+        match self {
+            Self::Connect { body, .. } => body.take(),
+            _ => None,
+        }
     }
 
     /// The request reached the server, whose connection then failed before
@@ -157,34 +213,41 @@ impl Dialer {
         self.tls.is_some()
     }
 
-    /// A new connection to `addr`, TLS on it when the pool speaks TLS.
-    async fn dial(&self, addr: &str) -> Result<Box<dyn h1::Io>, SendError> {
-        let connect = |e: std::io::Error| SendError::Connect(e.into());
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-            .await
-            .map_err(|_| SendError::Connect("timed out".into()))?
-            .map_err(connect)?;
-        tcp.set_nodelay(true).map_err(connect)?;
-        match &self.tls {
-            None => Ok(Box::new(tcp)),
-            Some((connector, name)) => {
-                let tls =
-                    tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
-                        .await
-                        .map_err(|_| SendError::Connect("TLS handshake timed out".into()))?
-                        .map_err(connect)?;
-                Ok(Box::new(tls))
-            }
+    /// A new connection to `addr`, TLS on it when the pool speaks TLS,
+    /// within `timeout` (nginx times the handshake under the same
+    /// `proxy_connect_timeout`). The error is a [`SendError::Connect`]
+    /// without a body.
+    async fn dial(&self, addr: &str, timeout: Duration) -> Result<Box<dyn h1::Io>, SendError> {
+        let dial = async {
+            let tcp = TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            Ok::<Box<dyn h1::Io>, std::io::Error>(match &self.tls {
+                None => Box::new(tcp),
+                Some((connector, name)) => Box::new(connector.connect(name.clone(), tcp).await?),
+            })
+        };
+        match tokio::time::timeout(timeout, dial).await {
+            Ok(Ok(io)) => Ok(io),
+            Ok(Err(e)) => Err(SendError::connect(e, None)),
+            Err(_) => Err(SendError::Connect {
+                error: format!("no connection within {timeout:?}").into(),
+                timed_out: true,
+                body: None,
+            }),
         }
     }
 
     /// A new HTTP/2 connection to `addr`, its task spawned.
-    async fn dial_h2(&self, addr: &str) -> Result<http2::SendRequest<ReqBody>, SendError> {
-        let io = TokioIo::new(self.dial(addr).await?);
+    async fn dial_h2(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<http2::SendRequest<ReqBody>, SendError> {
+        let io = TokioIo::new(self.dial(addr, timeout).await?);
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .handshake(io)
             .await
-            .map_err(|e| SendError::Connect(e.into()))?;
+            .map_err(|e| SendError::connect(e, None))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended");
@@ -286,17 +349,21 @@ impl Connections {
     }
 
     /// Sends `req` to server `server` at `addr`, on an idle connection or a
-    /// new one. An HTTP/1.1 answer's body holds its connection, to be put
-    /// back ([`Self::put_h1`], [`h1::Answer::reusable`]) once read.
+    /// new one, within `timeouts`. An HTTP/1.1 answer's body holds its
+    /// connection, to be put back ([`Self::put_h1`],
+    /// [`h1::Answer::reusable`]) once read. When no connection could be
+    /// made the request's body comes back in the error
+    /// ([`SendError::take_body`]).
     pub(super) async fn send(
         &self,
         dialer: &Dialer,
         server: usize,
         addr: &str,
         req: Request<ReqBody>,
+        timeouts: Timeouts,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if dialer.h2 {
-            return self.send_h2(dialer, server, addr, req).await;
+            return self.send_h2(dialer, server, addr, req, timeouts).await;
         }
         let (parts, body) = req.into_parts();
         let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
@@ -320,10 +387,22 @@ impl Connections {
                 // Boxed: dialling's state (a TLS handshake among it) would
                 // otherwise make every request's future as large, and the
                 // HTTP/2 front moves each request's future when it spawns it.
-                None => (h1::Conn::from_io(Box::pin(dialer.dial(addr)).await?), false),
+                None => match Box::pin(dialer.dial(addr, timeouts.connect)).await {
+                    Ok(io) => (h1::Conn::from_io(io), false),
+                    Err(mut e) => {
+                        if let SendError::Connect { body: slot, .. } = &mut e {
+                            *slot = body.take();
+                        }
+                        return Err(e);
+                    }
+                },
             };
             let b = body.take().unwrap_or_else(empty_body);
-            match conn.exchange(head.clone(), out, b, head_request).await {
+            let exchange = conn.exchange(head.clone(), out, b, head_request);
+            let Ok(exchanged) = tokio::time::timeout(timeouts.read, exchange).await else {
+                return Err(SendError::Timeout(timeouts.read));
+            };
+            match exchanged {
                 Ok(resp) => return Ok(resp.map(UpstreamBody::H1)),
                 Err(e) if reused && repeatable && e.is_connection_failure() => {
                     tracing::debug!(
@@ -346,27 +425,45 @@ impl Connections {
         server: usize,
         addr: &str,
         mut req: Request<ReqBody>,
+        timeouts: Timeouts,
     ) -> Result<Response<UpstreamBody>, SendError> {
         loop {
             let shared = self.idle(server).h2.clone().filter(|s| !s.is_closed());
             let (mut sender, reused) = match shared {
                 Some(sender) => (sender, true),
-                None => {
-                    let sender = Box::pin(dialer.dial_h2(addr)).await?;
-                    self.idle(server).h2 = Some(sender.clone());
-                    (sender, false)
-                }
+                None => match Box::pin(dialer.dial_h2(addr, timeouts.connect)).await {
+                    Ok(sender) => {
+                        self.idle(server).h2 = Some(sender.clone());
+                        (sender, false)
+                    }
+                    Err(mut e) => {
+                        if let SendError::Connect { body, .. } = &mut e {
+                            *body = Some(req.into_body());
+                        }
+                        return Err(e);
+                    }
+                },
             };
-            if sender.ready().await.is_err() {
-                self.idle(server).h2 = None;
-                if reused {
-                    continue;
+            let sent = async {
+                if sender.ready().await.is_err() {
+                    return Err(req);
                 }
-                return Err(SendError::Connect("connection closed at once".into()));
-            }
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(resp.map(UpstreamBody::H2)),
-                Err(mut e) => match e.take_message() {
+                Ok(sender.try_send_request(req).await)
+            };
+            let Ok(sent) = tokio::time::timeout(timeouts.read, sent).await else {
+                return Err(SendError::Timeout(timeouts.read));
+            };
+            match sent {
+                Ok(Ok(resp)) => return Ok(resp.map(UpstreamBody::H2)),
+                Err(unsent) => {
+                    self.idle(server).h2 = None;
+                    if !reused {
+                        let body = Some(unsent.into_body());
+                        return Err(SendError::connect("connection closed at once", body));
+                    }
+                    req = unsent;
+                }
+                Ok(Err(mut e)) => match e.take_message() {
                     // Not sent: the connection had closed under it.
                     Some(unsent) if reused => req = unsent,
                     _ => return Err(e.into_error().into()),

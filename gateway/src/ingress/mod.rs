@@ -112,6 +112,7 @@ struct RouteTarget {
     /// Header name (lowercase) → value template; an empty value removes it.
     headers: Vec<(http::HeaderName, Option<Template>)>,
     read_timeout: Duration,
+    connect_timeout: Duration,
     /// `None`: unlimited (`client_max_body_size 0`).
     max_body: Option<u64>,
     location_path: String,
@@ -473,6 +474,7 @@ fn target_ctx<'a>(
         exact: target.exact,
         headers: &target.headers,
         read_timeout: target.read_timeout,
+        connect_timeout: target.connect_timeout,
         max_body: target.max_body,
         host,
         server_name: &server.first_name,
@@ -578,6 +580,7 @@ fn compile_location(
                 uri: t.uri.clone(),
                 headers,
                 read_timeout: Duration::from_millis(l.read_timeout_ms.max(1)),
+                connect_timeout: Duration::from_millis(l.connect_timeout_ms.max(1)),
                 max_body: l.client_max_body_size.filter(|&n| n > 0),
                 location_path: l.path.clone(),
                 exact: l.match_kind == MatchKind::Exact,

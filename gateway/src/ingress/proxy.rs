@@ -47,7 +47,7 @@ use smallvec::SmallVec;
 
 use tokio::time::Instant;
 
-use super::client::{BoxError, Connections, Dialer, UpstreamBody};
+use super::client::{BoxError, Connections, Dialer, Timeouts, UpstreamBody};
 use super::upstream_tls::UpstreamTls;
 use super::vars::{Template, Vars, X_FORWARDED_FOR};
 use super::{Body, ConnInfo, error_page};
@@ -268,6 +268,8 @@ pub struct Ctx<'a> {
     pub headers: &'a [(HeaderName, Option<Template>)],
     /// `proxy_read_timeout` / `grpc_read_timeout`.
     pub read_timeout: Duration,
+    /// `proxy_connect_timeout` / `grpc_connect_timeout`.
+    pub connect_timeout: Duration,
     /// `client_max_body_size` (`None`: unlimited).
     pub max_body: Option<u64>,
     /// `$host`.
@@ -528,9 +530,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         let mut up = Request::new(b);
         *up.method_mut() = parts.method.clone();
         *up.uri_mut() = uri;
-        // Only a request without a body is tried again (below); the last
-        // or only try takes the headers.
-        *up.headers_mut() = if attempt + 1 < attempts && !has_body {
+        // A request may go on to the next server (below); the last or
+        // only try takes the headers.
+        *up.headers_mut() = if attempt + 1 < attempts {
             headers.clone()
         } else {
             std::mem::take(&mut headers)
@@ -548,46 +550,48 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         } else {
             Version::HTTP_11
         };
-        let sent = tokio::time::timeout(
-            ctx.read_timeout,
-            pool.connections[connections].send(&pool.dialer, server, addr, up),
-        )
-        .await;
+        let timeouts = Timeouts {
+            connect: ctx.connect_timeout,
+            read: ctx.read_timeout,
+        };
+        let sent = pool.connections[connections]
+            .send(&pool.dialer, server, addr, up, timeouts)
+            .await;
+        // nginx's `proxy_next_upstream error timeout` (its default): what
+        // failed goes on to the next server — any request when no
+        // connection was made (its body, not read from, with it), and one
+        // already sent only if it has no body and its method is
+        // idempotent (ngx_http_upstream_next: FT_NON_IDEMPOTENT for POST,
+        // LOCK and PATCH once sent). No server left: 504 when the last
+        // failure was a timeout, 502 otherwise.
+        let next = match &sent {
+            Ok(_) => false,
+            Err(e) if e.is_connect() => !has_body || e.has_body(),
+            Err(e) => {
+                !has_body
+                    && (e.is_timeout() || e.is_connection_failure())
+                    && super::client::sendable_again(&parts.method)
+            }
+        };
         match sent {
-            // A request that may be sent again goes on to the next server,
-            // as with nginx's `proxy_next_upstream timeout` (in its
-            // default); nginx also sends a POST on whose connection timed
-            // out before it was written, which the gateway cannot tell.
-            Err(_) if !has_body && super::client::sendable_again(&parts.method) => {
-                tracing::info!(upstream = addr, "upstream timed out; trying the next");
+            Err(mut e) if next => {
+                tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
                 pool.failed(server);
-                no_answer = (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
+                body = e.take_body();
+                no_answer = if e.is_timeout() {
+                    (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out")
+                } else {
+                    (StatusCode::BAD_GATEWAY, "502 Bad Gateway")
+                };
+                last_error = Some(e);
                 continue;
             }
-            Err(_) => {
-                tracing::info!(upstream = addr, "upstream timed out");
+            Err(e) if e.is_timeout() => {
+                tracing::info!(upstream = addr, error = %e, "upstream timed out");
                 pool.failed(server);
                 return error_page(StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out");
             }
-            // Refused, or sent and the connection failed before an answer:
-            // a request without a body goes on to the next server, one
-            // already sent only if its method is idempotent, as nginx's
-            // `proxy_next_upstream error` (ngx_http_upstream_next:
-            // NGX_HTTP_UPSTREAM_FT_ERROR, and FT_NON_IDEMPOTENT for POST,
-            // LOCK and PATCH once sent).
-            Ok(Err(e))
-                if !has_body
-                    && (e.is_connect()
-                        || (e.is_connection_failure()
-                            && super::client::sendable_again(&parts.method))) =>
-            {
-                tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
-                pool.failed(server);
-                last_error = Some(e);
-                no_answer = (StatusCode::BAD_GATEWAY, "502 Bad Gateway");
-                continue;
-            }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::info!(upstream = addr, error = %e, "upstream failed");
                 // The body cut off by `Limited` surfaces somewhere down the chain.
                 let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
@@ -608,7 +612,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                     error_page(StatusCode::BAD_GATEWAY, "502 Bad Gateway")
                 };
             }
-            Ok(Ok(resp)) => {
+            Ok(resp) => {
                 pool.succeeded(server);
                 let (mut parts, body) = resp.into_parts();
                 if let Some(client_upgrade) = client_upgrade
@@ -991,6 +995,11 @@ mod tests {
         (addr, accepted)
     }
 
+    const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(10),
+        read: Duration::from_secs(10),
+    };
+
     /// `method path` with `body` through the pool's shared connections: the
     /// answer's status, its body read to the end.
     async fn request(
@@ -1027,7 +1036,7 @@ mod tests {
         let addr = pool.servers[0].addr.clone();
         let connections = pool.connections_index();
         let resp = pool.connections[connections]
-            .send(&pool.dialer, 0, &addr, req)
+            .send(&pool.dialer, 0, &addr, req, TIMEOUTS)
             .await?;
         let status = resp.status();
         let body = Timed {
@@ -1142,6 +1151,55 @@ mod tests {
                 ],
                 "{method} sent once"
             );
+        }
+    }
+
+    /// Where no connection was made — refused, or not within the connect
+    /// timeout — over HTTP/1.1 and HTTP/2 alike, the error hands the
+    /// request's body back unread, for the next server; the connect
+    /// timeout, not the read timeout, ends a connect that hangs.
+    #[tokio::test]
+    async fn no_connection_hands_the_body_back_unread() {
+        let hole = crate::test_support::BlackHole::new().await;
+        let (refusing, _bound) = crate::test_support::refusing_address();
+        let timeouts = Timeouts {
+            connect: Duration::from_millis(100),
+            read: Duration::from_secs(600),
+        };
+        for h2 in [false, true] {
+            for (addr, timed_out) in [(refusing, false), (hole.addr(), true)] {
+                let (host, port) = (addr.ip().to_string(), addr.port());
+                let mut s = server(port, 1);
+                s.host = host;
+                let pool = Pool::new("up", &[s], h2, None, 1);
+                let req = Request::post("/upload")
+                    .header(header::CONTENT_LENGTH, 5)
+                    .body(
+                        http_body_util::Full::new(Bytes::from_static(b"hello"))
+                            .map_err(Into::into)
+                            .boxed_unsync(),
+                    )
+                    .unwrap();
+                let sent = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    pool.connections[pool.connections_index()].send(
+                        &pool.dialer,
+                        0,
+                        &addr.to_string(),
+                        req,
+                        timeouts,
+                    ),
+                )
+                .await
+                .expect("the connect timeout ends the attempt");
+                let mut e = sent.map(|_| ()).unwrap_err();
+                let case = format!("{addr} (h2: {h2}): {e}");
+                assert!(e.is_connect(), "{case}");
+                assert_eq!(e.is_timeout(), timed_out, "{case}");
+                let body = e.take_body().expect("the body comes back");
+                let bytes = body.collect().await.unwrap().to_bytes();
+                assert_eq!(&bytes[..], b"hello", "{case}");
+            }
         }
     }
 

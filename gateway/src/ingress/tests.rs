@@ -406,6 +406,85 @@ server {{
     running.stop().await;
 }
 
+/// An upstream that answers with the request's method, URI and body length.
+async fn body_echo() -> std::net::SocketAddr {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = tcp.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let (parts, body) = req.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    let text = format!("{} {} {}", parts.method, parts.uri, body.len());
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(text))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// nginx's `proxy_next_upstream error timeout` where no connection was
+/// made: the request goes on to the next server whatever its method, body
+/// and all (nothing of it was sent), after `proxy_connect_timeout` for a
+/// server that does not answer the connect (not after the read timeout);
+/// 504 when no server is left after a connect timeout.
+#[tokio::test]
+async fn a_request_no_server_took_goes_on_body_and_all_after_the_connect_timeout() {
+    let echo = body_echo().await;
+    let black_hole = crate::test_support::BlackHole::new().await;
+    let hole = black_hole.addr();
+    let (refusing, _bound) = crate::test_support::refusing_address();
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream hole {{ server {hole} max_fails=0; server {echo} backup; }}
+upstream refused {{ server {refusing} max_fails=0; server {echo} backup; }}
+upstream hole_only {{ server {hole}; }}
+server {{
+    listen 127.0.0.1:{port};
+    server_name app.test;
+    location /hole/ {{
+        proxy_pass http://hole;
+        proxy_connect_timeout 200ms;
+        proxy_read_timeout 60s;
+    }}
+    location /refused/ {{ proxy_pass http://refused; }}
+    location /nowhere/ {{ proxy_pass http://hole_only; proxy_connect_timeout 200ms; }}
+}}
+}}"#
+    );
+    let running = Running::start(config_from_nginx(&nginx, "")).await;
+    let request = |method: &str, path: &str, body: &'static str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "app.test")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    for (method, path, body, want) in [
+        ("GET", "/hole/a", "", "GET /hole/a 0"),
+        ("POST", "/hole/b", "", "POST /hole/b 0"),
+        ("POST", "/hole/c", "hello", "POST /hole/c 5"),
+        ("PATCH", "/refused/d", "hello world", "PATCH /refused/d 11"),
+    ] {
+        let (status, _, answer) = http1(running.addr, request(method, path, body)).await;
+        assert_eq!(
+            (status, answer.as_str()),
+            (StatusCode::OK, want),
+            "{method} {path}"
+        );
+    }
+    let (status, _, answer) = http1(running.addr, request("GET", "/nowhere/e", "")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{answer}");
+    running.stop().await;
+}
+
 /// `listener.idleTimeoutSeconds` on an ingress connection: closed once it
 /// has gone that long without a request, counted as an idle refusal; a
 /// connection that keeps sending requests stays open past it.

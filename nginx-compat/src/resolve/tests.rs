@@ -613,6 +613,69 @@ fn read_timeouts() {
 }
 
 #[test]
+fn connect_timeouts() {
+    let connect = |conf: &str| location(conf).connect_timeout_ms;
+    assert_eq!(
+        connect("location / { proxy_pass http://a:1; }"),
+        DEFAULT_CONNECT_TIMEOUT_MS
+    );
+    assert_eq!(
+        connect("proxy_connect_timeout 5s; location / { proxy_pass http://a:1; }"),
+        5_000
+    );
+    assert_eq!(
+        connect(
+            "proxy_connect_timeout 5s; location / { proxy_pass http://a:1; proxy_connect_timeout 250ms; }"
+        ),
+        250
+    );
+    // A grpc location uses grpc_connect_timeout, a proxy one never does.
+    assert_eq!(
+        connect("proxy_connect_timeout 5s; location / { grpc_pass a:1; grpc_connect_timeout 2s; }"),
+        2_000
+    );
+    assert_eq!(
+        connect("grpc_connect_timeout 2s; location / { proxy_pass http://a:1; }"),
+        DEFAULT_CONNECT_TIMEOUT_MS
+    );
+    // Read and connect timeouts are apart.
+    let l = location(
+        "location / { proxy_pass http://a:1; proxy_connect_timeout 1s; proxy_read_timeout 30s; }",
+    );
+    assert_eq!((l.connect_timeout_ms, l.read_timeout_ms), (1_000, 30_000));
+    assert_eq!(
+        err("proxy_connect_timeout soon;"),
+        format!(
+            "\"proxy_connect_timeout\" directive invalid value {}",
+            at(3)
+        )
+    );
+    assert_eq!(
+        err("grpc_connect_timeout 1s;\ngrpc_connect_timeout 2s;"),
+        format!("\"grpc_connect_timeout\" directive is duplicate {}", at(4))
+    );
+}
+
+#[test]
+fn a_model_without_a_connect_timeout_gets_nginx_default() {
+    let p =
+        ok("server { listen 80; location / { proxy_pass http://a:1; proxy_connect_timeout 3s; } }");
+    let yaml = serde_norway::to_string(&p.ingress).unwrap();
+    assert!(yaml.contains("connectTimeoutMs: 3000"), "{yaml}");
+    let older: String = yaml
+        .lines()
+        .filter(|l| l.trim() != "connectTimeoutMs: 3000")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(older, yaml);
+    let back: Ingress = serde_norway::from_str(&older).unwrap();
+    assert_eq!(
+        back.servers[0].locations[0].connect_timeout_ms,
+        DEFAULT_CONNECT_TIMEOUT_MS
+    );
+}
+
+#[test]
 fn client_max_body_size_inherits_and_zero_means_unlimited() {
     assert_eq!(
         location("location / { }").client_max_body_size,
