@@ -20,7 +20,7 @@ pub fn etag(document: &[u8]) -> Option<HeaderValue> {
     list.shift_remove("kind");
     list.shift_remove("apiVersion");
     let compact = serde_json::to_vec(&list).ok()?;
-    let digest = ring::digest::digest(&ring::digest::SHA512, &go_escaped(&compact));
+    let digest = ring::digest::digest(&ring::digest::SHA512, &crate::json::escaped(&compact));
     let mut quoted = String::with_capacity(2 + 2 * digest.as_ref().len());
     quoted.push('"');
     for b in digest.as_ref() {
@@ -60,49 +60,9 @@ pub fn not_modified(headers: &HeaderMap, etag: &HeaderValue) -> bool {
     headers.get(header::IF_NONE_MATCH) == Some(etag)
 }
 
-/// Compact JSON as Go's `encoding/json` writes it: `<`, `>` and `&`, and
-/// U+2028 and U+2029, escaped (they occur in compact JSON only inside
-/// strings, where serde_json leaves them as they are).
-fn go_escaped(json: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(json.len());
-    let mut i = 0;
-    while i < json.len() {
-        match json[i] {
-            b'<' => out.extend_from_slice(b"\\u003c"),
-            b'>' => out.extend_from_slice(b"\\u003e"),
-            b'&' => out.extend_from_slice(b"\\u0026"),
-            0xE2 if json.get(i + 1) == Some(&0x80)
-                && matches!(json.get(i + 2), Some(0xA8 | 0xA9)) =>
-            {
-                out.extend_from_slice(if json[i + 2] == 0xA8 {
-                    b"\\u2028"
-                } else {
-                    b"\\u2029"
-                });
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_escapes_what_json_marshal_escapes_and_nothing_else() {
-        assert_eq!(
-            go_escaped("{\"a\":\"<b> & \u{2028}\u{2029}é\"}".as_bytes()),
-            br#"{"a":"\u003cb\u003e \u0026 \u2028\u2029"#
-                .iter()
-                .chain("é\"}".as_bytes())
-                .copied()
-                .collect::<Vec<u8>>()
-        );
-    }
 
     fn fixture(rel: &str) -> Vec<u8> {
         std::fs::read(format!(

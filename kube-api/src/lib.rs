@@ -1,7 +1,8 @@
 //! The Kubernetes API server's semantics over `serde_json::Value` objects, shared by
 //! kube-sim and the sidecar's facade: label and field selectors ([`selector`]), `Table`
-//! rendering for `kubectl get` ([`table`]), `metav1.Status` errors ([`status`]) and the
-//! protobuf encoding of built-in kinds ([`protobuf`]).
+//! rendering for `kubectl get` ([`table`]), `metav1.Status` errors ([`status`]), JSON
+//! bytes as the server writes them ([`json`]) and the protobuf encoding of built-in kinds
+//! ([`protobuf`]).
 //!
 //! Everything here answers as a real kube-apiserver 1.36 does; the recorded responses
 //! it is checked against are in `kube-sim/fixtures/` (`errors/`, `objects/`,
@@ -13,6 +14,7 @@
 
 pub mod compare;
 pub mod discovery;
+pub mod json;
 pub mod media;
 pub mod protobuf;
 pub mod selector;

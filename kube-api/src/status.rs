@@ -56,6 +56,11 @@ pub struct StatusDetails {
     /// Individual field errors.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub causes: Vec<StatusCause>,
+    /// Seconds the client should wait before trying again, as the answer's
+    /// `Retry-After` says too (the recorded 429
+    /// `errors/429-storage-reinitializing.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u32>,
 }
 
 /// `metav1.StatusCause`.
@@ -308,6 +313,16 @@ impl Status {
         Self::new(503, "ServiceUnavailable", message)
     }
 
+    /// The same status telling the client to try again after `seconds`
+    /// (`details.retryAfterSeconds`, which the server pairs with a
+    /// `Retry-After` header).
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.details
+            .get_or_insert_with(StatusDetails::default)
+            .retry_after_seconds = Some(seconds);
+        self
+    }
+
     /// 504 Timeout.
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(504, "Timeout", message)
@@ -331,13 +346,13 @@ impl Status {
     /// The HTTP response carrying this status as `application/json`; callers wrap the
     /// bytes in their body type (`.map(...)`).
     pub fn to_http(&self) -> http::Response<Bytes> {
-        // The API server writes its 406 bodies indented, whoever asks.
+        // The API server writes its 406 bodies indented, whoever asks;
+        // the others as every JSON answer ([`crate::json`]).
         let body = if self.code == 406 {
-            serde_json::to_vec_pretty(self)
+            crate::json::encode_indented(self)
         } else {
-            serde_json::to_vec(self)
-        }
-        .unwrap_or_default();
+            crate::json::encode(self)
+        };
         let mut resp = http::Response::new(Bytes::from(body));
         *resp.status_mut() = http::StatusCode::from_u16(self.code)
             .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
@@ -389,6 +404,42 @@ mod tests {
             plural,
             kind: "",
         }
+    }
+
+    /// Every `metav1.Status` recorded with its size (`errors/requests.json`):
+    /// read back into a [`Status`] and written by [`Status::to_http`], it
+    /// has the bytes the server sent — compact with a newline, or a 406
+    /// indented without one.
+    #[test]
+    fn status_bodies_have_the_recorded_sizes() {
+        let requests = fixture("requests.json");
+        let mut checked = 0;
+        for r in requests.as_array().unwrap() {
+            let Some(file) = r["file"].as_str().filter(|f| f.ends_with(".json")) else {
+                continue;
+            };
+            let recorded = fixture(file);
+            if recorded["kind"] != "Status" {
+                continue;
+            }
+            let status: Status = serde_json::from_value(recorded.clone()).unwrap();
+            let body = status.to_http().into_body();
+            assert_eq!(
+                body.len() as u64,
+                r["response_body_bytes"].as_u64().unwrap(),
+                "{file}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            let indented = r["response_body_indented_by_server"] == true;
+            assert_eq!(body.ends_with(b"\n"), !indented, "{file}");
+            assert_eq!(
+                serde_json::from_slice::<Value>(&body).unwrap(),
+                recorded,
+                "{file}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} recorded Status bodies");
     }
 
     // From the sidecar's facade.

@@ -233,12 +233,29 @@ async fn custom_resources_refuse_protobuf_as_the_server_does() {
         r.body.as_ref(),
         fixture_bytes("errors/406-accept-protobuf-customresource.bin").as_slice()
     );
-    // Protobuf or JSON: JSON.
+    // Protobuf or JSON: JSON. A custom resource's list is unstructured:
+    // its items keep `kind` and `apiVersion`, where a built-in kind's
+    // typed list leaves them out (apimachinery's `UnstructuredList`; no
+    // such list is among the recordings).
+    let created = s
+        .post(
+            path,
+            &json!({"apiVersion": "fx.example.com/v1", "kind": "Gadget",
+                    "metadata": {"name": "g1"}, "spec": {"color": "red"}}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
     let r = s
         .get_accept(path, "application/vnd.kubernetes.protobuf,application/json")
         .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.content_type(), "application/json");
+    let item = &r.json()["items"][0];
+    assert_eq!(
+        (&item["apiVersion"], &item["kind"]),
+        (&json!("fx.example.com/v1"), &json!("Gadget")),
+        "{item}"
+    );
     // A protobuf body: the real server dropped the connection (a panic in
     // its decoder); kube-sim answers 415 as for any body it cannot read.
     let r = s
@@ -320,6 +337,74 @@ async fn answers_tell_client_caches_what_the_server_told_them() {
     );
 }
 
+/// The `200` answer to `GET path` recorded in `errors/requests.json`.
+fn recorded_ok(path: &str) -> Value {
+    fixture_json("errors/requests.json")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"] == path && e["status"] == 200)
+        .unwrap_or_else(|| panic!("a recorded 200 answer to {path}"))
+        .clone()
+}
+
+/// JSON as the server writes it (`spinlink_kube_api::json`): compact, `<`,
+/// `>` and `&` escaped, a newline after — the recorded `/api/v1` answer
+/// (`authz/ssar-allowed.1-get-api-v1`) and aggregated `/api` answer
+/// (`errors/requests.json`) have exactly the bytes kube-sim sends for the
+/// same requests, and an object's text is escaped alike; `/version` alone
+/// comes indented, without the newline, as recorded.
+#[tokio::test]
+async fn answers_are_json_as_the_server_writes_it() {
+    let s = start(Sim::with_config(SimConfig::default())).await;
+    let api_v1 = fixture_json("authz/ssar-allowed.1-get-api-v1.request.json");
+    let api_v1_answer = fixture_json("authz/ssar-allowed.1-get-api-v1.response.json");
+    let r = s.get_accept("/api/v1", header(&api_v1, "Accept")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.body.len() as u64,
+        api_v1_answer["body"]["bytes"].as_u64().unwrap(),
+        "/api/v1"
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&r.body).unwrap(),
+        api_v1_answer["body"]["decoded"]
+    );
+    assert!(r.body.ends_with(b"]}\n"), "compact, one newline");
+
+    let api = recorded_ok("/api");
+    assert_eq!(api["response_body_indented_by_server"], false);
+    let accept = header_in(&api["request_headers"], "Accept").unwrap();
+    let r = s.get_accept("/api", accept).await;
+    assert_eq!(
+        r.body.len() as u64,
+        api["response_body_bytes"].as_u64().unwrap(),
+        "aggregated /api"
+    );
+
+    let version = recorded_ok("/version");
+    assert_eq!(version["response_body_indented_by_server"], true);
+    let r = s.get("/version").await;
+    assert!(r.body.starts_with(b"{\n  \""), "indented");
+    assert!(r.body.ends_with(b"\n}"), "no newline after");
+
+    let created = s
+        .post(
+            "/api/v1/namespaces/default/configmaps",
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "escaped"}, "data": {"page": "<b>a & b</b>"}}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let r = s.get("/api/v1/namespaces/default/configmaps/escaped").await;
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    assert!(
+        text.contains(r#""page":"\u003cb\u003ea \u0026 b\u003c/b\u003e""#),
+        "{text}"
+    );
+    assert!(text.ends_with("}\n"), "{text}");
+}
+
 /// Aggregated discovery carries the server's `Etag` (the recorded `/api`
 /// answer's, from the document it served), and a request naming it in
 /// `If-None-Match` gets `304` with no body and the same cache headers, as
@@ -330,13 +415,7 @@ async fn answers_tell_client_caches_what_the_server_told_them() {
 #[tokio::test]
 async fn aggregated_discovery_is_revalidated_by_its_etag() {
     let s = start(Sim::with_config(SimConfig::default())).await;
-    let recorded = fixture_json("errors/requests.json");
-    let api = recorded
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["path"] == "/api" && e["status"] == 200)
-        .expect("the recorded aggregated /api");
+    let api = recorded_ok("/api");
     let accept = header_in(&api["request_headers"], "Accept").unwrap();
     let etag = header_in(&api["response_headers"], "Etag").unwrap();
 

@@ -81,12 +81,18 @@ fn full(code: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Respons
     resp
 }
 
+/// `v` as the API server writes JSON ([`spinlink_kube_api::json`]).
 fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
-    full(
-        code,
-        "application/json",
-        serde_json::to_vec(v).unwrap_or_default(),
-    )
+    full(code, "application/json", spinlink_kube_api::json::encode(v))
+}
+
+/// A recorded JSON document (kept indented in `fixtures/`) as the server
+/// sent it.
+fn json_fixture(bytes: &[u8]) -> Response<Body> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(_) => status_response(&Status::no_route()),
+    }
 }
 
 fn status_response(s: &Status) -> Response<Body> {
@@ -227,10 +233,9 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
         ["apis"] if is_get => {
             let aggregated = wants_aggregated(&accept);
             match discovery::apis(&ctx.sim.custom_resources(), aggregated) {
-                Some(doc) if aggregated => aggregated_discovery(
-                    serde_json::to_vec(&doc).unwrap_or_default(),
-                    &parts.headers,
-                ),
+                Some(doc) if aggregated => {
+                    aggregated_discovery(spinlink_kube_api::json::encode(&doc), &parts.headers)
+                }
                 Some(doc) => json_response(StatusCode::OK, &doc),
                 None => status_response(&Status::no_route()),
             }
@@ -256,18 +261,30 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// `/version`, indented whoever asks (the recorded answer,
+/// `errors/requests.json`; the server writes it with `json.MarshalIndent`,
+/// as the fixture holds it).
 fn version(sim: &Sim) -> Response<Body> {
     let Some(bytes) = fixtures::file("discovery/version.json") else {
         return status_response(&Status::no_route());
     };
+    let Some(minor) = sim.config().reported_minor else {
+        return full(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from_static(bytes),
+        );
+    };
     let mut v: Value = serde_json::from_slice(bytes).unwrap_or_default();
-    if let Some(minor) = sim.config().reported_minor {
-        v["minor"] = json!(minor.to_string());
-        v["emulationMinor"] = json!(minor.to_string());
-        v["minCompatibilityMinor"] = json!(minor.saturating_sub(1).to_string());
-        v["gitVersion"] = json!(format!("v1.{minor}.0"));
-    }
-    json_response(StatusCode::OK, &v)
+    v["minor"] = json!(minor.to_string());
+    v["emulationMinor"] = json!(minor.to_string());
+    v["minCompatibilityMinor"] = json!(minor.saturating_sub(1).to_string());
+    v["gitVersion"] = json!(format!("v1.{minor}.0"));
+    full(
+        StatusCode::OK,
+        "application/json",
+        spinlink_kube_api::json::encode_indented(&v),
+    )
 }
 
 fn wants_aggregated(accept: &str) -> bool {
@@ -299,12 +316,17 @@ fn aggregated_discovery(document: impl Into<Bytes>, headers: &HeaderMap) -> Resp
 
 fn discovery_root(accept: &str, root: &str, headers: &HeaderMap) -> Response<Body> {
     if wants_aggregated(accept) {
-        match fixtures::file(&format!("discovery/{root}.aggregated.json")) {
-            Some(doc) => aggregated_discovery(doc, headers),
+        let doc = fixtures::file(&format!("discovery/{root}.aggregated.json"))
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+        match doc {
+            Some(doc) => aggregated_discovery(spinlink_kube_api::json::encode(&doc), headers),
             None => status_response(&Status::no_route()),
         }
     } else {
-        fixture(&format!("discovery/{root}.json"), "application/json")
+        match fixtures::file(&format!("discovery/{root}.json")) {
+            Some(b) => json_fixture(b),
+            None => status_response(&Status::no_route()),
+        }
     }
 }
 
@@ -467,10 +489,13 @@ async fn resource(
             return status_response(&Status::method_not_allowed());
         }
         return if group.is_empty() {
-            fixture("discovery/api_v1.json", "application/json")
+            match fixtures::file("discovery/api_v1.json") {
+                Some(b) => json_fixture(b),
+                None => status_response(&Status::no_route()),
+            }
         } else {
             match fixtures::group_version(group, version) {
-                Some(b) => full(StatusCode::OK, "application/json", Bytes::from_static(b)),
+                Some(b) => json_fixture(b),
                 None => match discovery::group_version(&ctx.sim.custom_resources(), group, version)
                 {
                     Some(doc) => json_response(StatusCode::OK, &doc),
@@ -746,15 +771,17 @@ fn list(
             &any_table(res, page.items.iter().map(|o| &**o), meta, include),
         );
     }
-    // Items in a list carry no kind/apiVersion, as the real server sends them.
+    // Items of a built-in kind's list carry no kind/apiVersion, as the real
+    // server sends them (its typed lists: `authz/impersonate-list-allowed`);
+    // a custom resource's list is unstructured and its items keep them.
     let items: Vec<Value> = page
         .items
         .iter()
         .map(|o| {
             let mut o = (**o).clone();
-            if let Some(m) = o.as_object_mut() {
-                m.remove("kind");
-                m.remove("apiVersion");
+            if let (Some(m), None) = (o.as_object_mut(), res.custom) {
+                m.shift_remove("kind");
+                m.shift_remove("apiVersion");
             }
             o
         })

@@ -59,10 +59,11 @@ pub(crate) fn respond(sim: Sim, req: WatchRequest, shutdown: CancellationToken) 
     resp
 }
 
+/// One event line, written as the server writes JSON.
 fn frame(ty: &str, object: &Value) -> Bytes {
-    let mut line = serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
-    line.push(b'\n');
-    Bytes::from(line)
+    Bytes::from(spinlink_kube_api::json::encode(
+        &json!({"type": ty, "object": object}),
+    ))
 }
 
 struct Writer {
