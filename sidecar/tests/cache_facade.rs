@@ -403,6 +403,92 @@ async fn answers_tell_client_caches_what_the_api_server_tells_them() -> anyhow::
     sidecar.stop().await
 }
 
+/// What a real API server answered to a LIST, a GET and a GET of a missing
+/// object (`kube-sim/fixtures/authz/impersonate-list-allowed`,
+/// `protobuf/08-get-deployments`, `protobuf/11-get-configmaps`), the
+/// facade answers byte for byte from a cache holding the same objects:
+/// compact JSON, one newline after. An object's `<`, `>` and `&` come
+/// escaped, as Go's encoder writes them.
+#[tokio::test]
+async fn answers_are_the_bytes_the_api_server_sends() -> anyhow::Result<()> {
+    let recorded = |name: &str| {
+        let request = fixture(&format!("{name}.request.json"));
+        let response = fixture(&format!("{name}.response.json"));
+        let query = request["query"].as_str().unwrap_or("").to_owned();
+        let path = request["path"].as_str().unwrap().to_owned();
+        let target = if query.is_empty() {
+            path
+        } else {
+            format!("{path}?{query}")
+        };
+        (target, response["body"].clone())
+    };
+    let (list_path, list) = recorded("authz/impersonate-list-allowed");
+    let (get_path, deployment) = recorded("protobuf/08-get-deployments");
+    let (missing_path, missing) = recorded("protobuf/11-get-configmaps");
+    let mut escaped = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "page", "namespace": "web", "resourceVersion": "8600"},
+        "data": {"index.html": "<b>a & b</b>"}});
+
+    let sidecar = start().await?;
+    let mut client = sidecar.client().await?;
+    let mut cache = CacheStream::open(&mut client, "prod").await?;
+    let configmaps = kind("", "v1", "configmaps", "ConfigMap", true);
+    // As an agent sends list items: `kind` and `apiVersion` filled in.
+    let mut items: Vec<Value> = list["decoded"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let mut typed = json!({"kind": "ConfigMap", "apiVersion": "v1"});
+            typed
+                .as_object_mut()
+                .unwrap()
+                .extend(item.as_object().unwrap().clone());
+            typed
+        })
+        .collect();
+    items.push(escaped.clone());
+    let list_rv = list["decoded"]["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap();
+    sync_at(&mut cache, &configmaps, &items, list_rv).await?;
+    let deployments = kind("apps", "v1", "deployments", "Deployment", true);
+    sync(&mut cache, &deployments, &[deployment["decoded"].clone()]).await?;
+    cache.wait_acked().await?;
+
+    let http = http();
+    for (path, answer, status) in [
+        (&list_path, &list, 200),
+        (&get_path, &deployment, 200),
+        (&missing_path, &missing, 404),
+    ] {
+        let got = get(&http, &sidecar.url(&format!("/accounts/prod{path}"))).await?;
+        assert_eq!(got.status, status, "{path}");
+        let want = spinlink_kube_api::json::encode(&answer["decoded"]);
+        assert_eq!(want.len() as u64, answer["bytes"].as_u64().unwrap());
+        assert_eq!(
+            String::from_utf8_lossy(&got.body),
+            String::from_utf8_lossy(&want),
+            "{path}"
+        );
+    }
+
+    let got = get(
+        &http,
+        &sidecar.url("/accounts/prod/api/v1/namespaces/web/configmaps/page"),
+    )
+    .await?;
+    let text = String::from_utf8(got.body.to_vec())?;
+    assert!(
+        text.contains(r#""index.html":"\u003cb\u003ea \u0026 b\u003c/b\u003e""#),
+        "{text}"
+    );
+    assert!(text.ends_with("}\n"), "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text)?, escaped.take());
+    sidecar.stop().await
+}
+
 async fn metrics(http: &HttpClient, url: &str) -> anyhow::Result<String> {
     let m = get(http, url).await?;
     Ok(String::from_utf8_lossy(&m.body).into_owned())

@@ -215,7 +215,10 @@ async fn watches_are_served_from_the_cache_without_the_agent() -> anyhow::Result
             "DELETED web-1@1004"
         ]
     );
-    // Objects are shaped as the cache's LIST gives them.
+    // Objects are shaped as the cache's LIST gives them, with the `kind`
+    // and `apiVersion` a typed LIST leaves out of its items and a watch
+    // event carries (recorded: `watch/configmaps.watch.jsonl`,
+    // `authz/impersonate-list-allowed`).
     let list = get(
         &http,
         &sidecar.url("/accounts/prod/api/v1/namespaces/other/pods"),
@@ -226,7 +229,11 @@ async fn watches_are_served_from_the_cache_without_the_agent() -> anyhow::Result
         &sidecar.url("/accounts/prod/api/v1/namespaces/other/pods?watch=1"),
     )
     .await?;
-    assert_eq!(from_start.event().await?.1, list.json()["items"][0]);
+    let mut item = list.json()["items"][0].clone();
+    assert_eq!(item.get("kind"), None, "{item}");
+    item["kind"] = "Pod".into();
+    item["apiVersion"] = "v1".into();
+    assert_eq!(from_start.event().await?.1, item);
 
     // The agent re-lists (it reconnected): web-2 changed, db-0 is gone.
     cache

@@ -409,6 +409,20 @@ fn assert_retryable(answer: &Answer) {
         "{}",
         answer.message()
     );
+    // The server says it in the Status too, and ends its JSON with a
+    // newline.
+    let recorded = fixture(&format!(
+        "errors/{}",
+        server_retry["file"].as_str().unwrap()
+    ));
+    let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(
+        body["details"]["retryAfterSeconds"],
+        recorded["details"]["retryAfterSeconds"],
+        "{}",
+        answer.message()
+    );
+    assert!(answer.body.ends_with(b"}\n"), "{}", answer.message());
 }
 
 /// The answer the agent (played here, on this clock) gives every relayed

@@ -199,15 +199,17 @@ fn lowest(rvs: &[String]) -> String {
     }
 }
 
-/// The object as JSON with `apiVersion`/`kind` set (list items lack them).
+/// The object as JSON with `kind`/`apiVersion` set: the items of a built-in
+/// kind's list lack them, and get them first, where the API server writes
+/// them in a GET or a watch event.
 pub fn encode_object(kind: &WatchedKind, mut obj: Value) -> Vec<u8> {
     if let Some(map) = obj.as_object_mut() {
         let missing = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
         if missing(map.get("apiVersion")) {
-            map.insert("apiVersion".into(), Value::from(kind.api_version()));
+            map.shift_insert(0, "apiVersion".into(), Value::from(kind.api_version()));
         }
         if missing(map.get("kind")) {
-            map.insert("kind".into(), Value::from(kind.kind.clone()));
+            map.shift_insert(0, "kind".into(), Value::from(kind.kind.clone()));
         }
     }
     // Serialising a Value cannot fail; an empty object is sent if it did.
@@ -616,6 +618,18 @@ mod tests {
         assert_eq!(v["apiVersion"], "apps/v1");
         assert_eq!(v["kind"], "Deployment");
         assert_eq!(v["metadata"]["name"], "d");
+        // First, where the server writes them in a GET or a watch event
+        // (kube-sim/fixtures/watch/configmaps.watch.jsonl).
+        assert!(
+            bytes.starts_with(br#"{"kind":"Deployment","apiVersion":"apps/v1","metadata""#),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        // An object that has them keeps its own order (a custom resource's
+        // keys come sorted).
+        let sorted = json!({"apiVersion": "x.io/v1", "kind": "Gadget", "metadata": {"name": "g"}});
+        let bytes = encode_object(&kind, sorted.clone());
+        assert_eq!(bytes, serde_json::to_vec(&sorted).unwrap());
     }
 
     #[test]

@@ -98,7 +98,8 @@ pub type ObjectKey = (String, String);
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// The object as the agent sent it (kind and apiVersion filled in), as
-    /// compact JSON. Shared, so readers copy it out of the lock cheaply.
+    /// the API server writes it ([`object_text`]). Shared, so readers copy
+    /// it out of the lock cheaply.
     json: Arc<str>,
     /// `metadata.labels` (the string-valued ones) in one allocation:
     /// `key NUL value NUL` per label. One allocation, not two per label,
@@ -132,8 +133,9 @@ impl Entry {
             }
         }
         Entry {
-            // Serialising a `Value` cannot fail: its keys are strings.
-            json: serde_json::to_string(object).unwrap_or_default().into(),
+            // As the API server writes it ([`spinlink_kube_api::json`]):
+            // what the facade answers and streams is this text.
+            json: object_text(object).into(),
             labels: labels.into_boxed_str(),
             resource_version,
             generation,
@@ -201,6 +203,121 @@ struct Resync {
     from: u64,
     /// Added and modified objects (numbered and positioned at `SyncEnd`).
     changes: Vec<Change>,
+}
+
+/// `object` as the API server writes one in a GET or a watch event: compact
+/// JSON, escaped as Go escapes ([`spinlink_kube_api::json`]), in the order
+/// it came — but `kind` and `apiVersion` that end it (agents before this
+/// one appended them to the items of a built-in kind's list, which lack
+/// them) go first, where the server writes them. (A custom resource's
+/// keys come sorted, so never with those two last.)
+fn object_text(object: &Value) -> String {
+    let mut out = Vec::with_capacity(256);
+    match object.as_object() {
+        Some(map) => {
+            out.push(b'{');
+            let n = map.len();
+            let appended = n >= 2
+                && map
+                    .keys()
+                    .skip(n - 2)
+                    .eq(["apiVersion", "kind"].iter().copied());
+            let first: &[&str] = if appended {
+                &["kind", "apiVersion"]
+            } else {
+                &[]
+            };
+            let members = first
+                .iter()
+                .filter_map(|k| map.get_key_value(*k))
+                .chain(map.iter().filter(|(k, _)| !first.contains(&k.as_str())));
+            for (i, (key, value)) in members.enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                // Writing strings and `Value`s into memory cannot fail.
+                let _ = serde_json::to_writer(&mut out, key);
+                out.push(b':');
+                let _ = serde_json::to_writer(&mut out, value);
+            }
+            out.push(b'}');
+        }
+        None => {
+            let _ = serde_json::to_writer(&mut out, object);
+        }
+    }
+    let out = match spinlink_kube_api::json::escaped(&out) {
+        std::borrow::Cow::Borrowed(_) => out,
+        std::borrow::Cow::Owned(escaped) => escaped,
+    };
+    // serde_json wrote text, and escaping replaced ASCII bytes only.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Fuzz body: any object an agent sends (JSON, as an event carries it).
+/// Its text reads back as the same object; the members
+/// [`type_members_len`] finds are its `kind` and `apiVersion`, and what is
+/// left is the object without them; and the scan takes any text without
+/// panicking.
+pub fn fuzz_object_text(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = type_members_len(text);
+    }
+    let Ok(object) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
+    let text = object_text(&object);
+    let back: Value = serde_json::from_str(&text).expect("an object's text is JSON");
+    assert_eq!(back, object);
+    if let Some(skip) = type_members_len(&text) {
+        let rest: Value = serde_json::from_str(&format!("{{{}", &text[1 + skip..]))
+            .expect("the rest is an object");
+        let mut without = object;
+        let map = without.as_object_mut().expect("only objects have members");
+        map.shift_remove("kind");
+        map.shift_remove("apiVersion");
+        assert_eq!(rest, without);
+    }
+}
+
+/// How many bytes after the opening `{` of an object's text
+/// ([`object_text`]) its leading `"kind":…,"apiVersion":…,` (in either
+/// order) take: what the API server leaves out of the items of a built-in
+/// kind's LIST. `None` when the text does not start with both.
+pub fn type_members_len(text: &str) -> Option<usize> {
+    const KIND: &[u8] = b"\"kind\":";
+    const API_VERSION: &[u8] = b"\"apiVersion\":";
+    let b = text.as_bytes();
+    let mut at = 1;
+    let order = if b.get(at..)?.starts_with(KIND) {
+        [KIND, API_VERSION]
+    } else {
+        [API_VERSION, KIND]
+    };
+    for key in order {
+        if !b.get(at..)?.starts_with(key) {
+            return None;
+        }
+        at += key.len();
+        // A JSON string: to its closing quote, over escapes.
+        if b.get(at) != Some(&b'"') {
+            return None;
+        }
+        at += 1;
+        loop {
+            match *b.get(at)? {
+                b'\\' => at += 2,
+                b'"' => break,
+                _ => at += 1,
+            }
+        }
+        at += 1;
+        if b.get(at) != Some(&b',') {
+            return None;
+        }
+        at += 1;
+    }
+    Some(at - 1)
 }
 
 /// A resourceVersion as a number, when it is one (the API server's always are).
@@ -738,6 +855,63 @@ impl Cache {
 pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn fuzz_object_texts() {
+        spinlink_fuzzing::Fuzz::new("sidecar cached object text")
+            .seeds([
+                br#"{"metadata":{"name":"a"},"apiVersion":"v1","kind":"ConfigMap"}"#.to_vec(),
+                br#"{"kind":"K\"","apiVersion":"v\\","data":{"x":"<&>"}}"#.to_vec(),
+                br#"{"apiVersion":"x.io/v1","kind":"G","spec":{}}"#.to_vec(),
+                br#"{"kind":"K","apiVersion":1,"a":[]}"#.to_vec(),
+            ])
+            .run(fuzz_object_text);
+    }
+
+    /// An object's text starts with `kind` and `apiVersion` whatever order
+    /// it came in (an agent appends them to list items), escapes what Go
+    /// escapes, and says how long those two members are.
+    #[test]
+    fn object_texts_are_written_as_the_server_writes_objects() {
+        let item = json!({"metadata": {"name": "a"}, "data": {"x": "<&>"},
+                          "apiVersion": "v1", "kind": "ConfigMap"});
+        // Sorted keys (a custom resource's) stay as they are.
+        let sorted = json!({"apiVersion": "x.io/v1", "kind": "G", "metadata": {}, "spec": {}});
+        assert_eq!(
+            object_text(&sorted),
+            serde_json::to_string(&sorted).unwrap()
+        );
+        let text = object_text(&item);
+        assert_eq!(
+            text,
+            r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a"},"data":{"x":"\u003c\u0026\u003e"}}"#
+        );
+        let skip = type_members_len(&text).unwrap();
+        assert_eq!(
+            format!("{{{}", &text[1 + skip..]),
+            r#"{"metadata":{"name":"a"},"data":{"x":"\u003c\u0026\u003e"}}"#
+        );
+        // Strings with escapes in them are stepped over whole.
+        let odd = object_text(&json!({"a": 1, "apiVersion": "g/v", "kind": "K\"\\"}));
+        let skip = type_members_len(&odd).unwrap();
+        assert_eq!(&odd[1 + skip..], r#""a":1}"#);
+        // Without both there is nothing to leave out.
+        let skip = type_members_len(&object_text(&sorted)).unwrap();
+        assert_eq!(
+            &object_text(&sorted)[1 + skip..],
+            r#""metadata":{},"spec":{}}"#
+        );
+        for v in [
+            json!({"kind": "K", "a": 1}),
+            json!({"apiVersion": "v1"}),
+            json!({"apiVersion": "v1", "a": 1, "kind": "K"}),
+            json!({}),
+        ] {
+            assert_eq!(type_members_len(&object_text(&v)), None, "{v}");
+        }
+        assert_eq!(type_members_len(r#"{"kind":"K","apiVersion":"v"}"#), None);
+        assert_eq!(type_members_len(r#"{"kind":"K"#), None);
+    }
 
     pub(crate) fn pods() -> v1::Kind {
         v1::Kind {

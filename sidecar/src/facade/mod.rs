@@ -305,7 +305,8 @@ impl Facade {
                     "account \"{name}\" is offline (its agent disconnected {offline}s ago); \
                      only reads from its cache are served until it reconnects"
                 ),
-            );
+            )
+            .retry_after(1);
             relay::record_refusal(&account, &req, &k8s_path, &status);
             // Its agent is expected back (within the grace period): clients
             // retry rather than fail.

@@ -33,6 +33,16 @@ pub fn printer(cache: &Cache, res: Resource<'_>) -> Option<Printer> {
     table::has_printer(res).then_some(Printer::BuiltIn)
 }
 
+/// Whether `res` is a custom resource: its CustomResourceDefinition is
+/// cached, or (not cached) its group is not one of Kubernetes' own (`core`,
+/// a name without a dot, or `*.k8s.io`).
+pub fn is_custom(cache: &Cache, res: Resource<'_>) -> bool {
+    let crds = cache.kind("apiextensions.k8s.io", "v1", "customresourcedefinitions");
+    let crd_name = format!("{}.{}", res.plural, res.group);
+    crds.is_some_and(|k| k.objects.contains_key(&(String::new(), crd_name)))
+        || (res.group.contains('.') && !res.group.ends_with(".k8s.io"))
+}
+
 /// A Table of `objects` of `res`, printed by `printer`.
 pub fn render<'a>(
     printer: &Printer,

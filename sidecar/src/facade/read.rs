@@ -97,10 +97,12 @@ struct ListHead<'a> {
 }
 
 /// A List whose items are the cache's JSON texts, written as they are: no
-/// object is parsed or serialised again.
-fn list_json(head: &ListHead<'_>, items: &[Arc<str>]) -> serde_json::Result<Vec<u8>> {
+/// object is parsed or serialised again. Items of a `typed` list (a
+/// built-in kind's) leave out `kind` and `apiVersion`, as the server's do;
+/// a custom resource's keep them.
+fn list_json(head: &ListHead<'_>, items: &[Arc<str>], typed: bool) -> serde_json::Result<Vec<u8>> {
     let head = serde_json::to_vec(head)?;
-    let size = head.len() + 12 + items.iter().map(|i| i.len() + 1).sum::<usize>();
+    let size = head.len() + 13 + items.iter().map(|i| i.len() + 1).sum::<usize>();
     let mut out = Vec::with_capacity(size);
     // `{"kind":…,"metadata":{…}` then `,"items":[…]}`.
     out.extend_from_slice(&head[..head.len() - 1]);
@@ -109,9 +111,20 @@ fn list_json(head: &ListHead<'_>, items: &[Arc<str>]) -> serde_json::Result<Vec<
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(item.as_bytes());
+        match typed
+            .then(|| crate::cache::type_members_len(item))
+            .flatten()
+        {
+            Some(skip) => {
+                out.push(b'{');
+                out.extend_from_slice(&item.as_bytes()[1 + skip..]);
+            }
+            None => out.extend_from_slice(item.as_bytes()),
+        }
     }
-    out.extend_from_slice(b"]}");
+    // The items are the cache's texts, escaped as the server escapes
+    // (`Entry`); the head has nothing to escape.
+    out.extend_from_slice(b"]}\n");
     Ok(out)
 }
 
@@ -132,7 +145,7 @@ pub fn resource(
     query: &Query,
     accept: &str,
 ) -> Option<Response<Body>> {
-    let (objects, info, rv, printer) = {
+    let (objects, info, rv, printer, typed) = {
         let cache = account.read_cache();
         let kind = cache
             .kind(&path.group, &path.version, &path.resource)
@@ -166,6 +179,7 @@ pub fn resource(
                 kind.info.clone(),
                 kind.resource_version.clone(),
                 printer,
+                false,
             )
         } else {
             let selectors = match Selectors::parse(
@@ -188,11 +202,13 @@ pub fn resource(
                 })
                 .map(|(_, e)| e.json().clone())
                 .collect();
+            let typed = !printer::is_custom(&cache, resource_of(path, &kind.info.kind));
             (
                 objects,
                 kind.info.clone(),
                 kind.resource_version.clone(),
                 printer,
+                typed,
             )
         }
     };
@@ -221,9 +237,12 @@ pub fn resource(
             include,
             chrono::Utc::now(),
         );
-        serde_json::to_vec(&t)
+        Ok(spinlink_kube_api::json::encode(&t))
     } else if path.name.is_some() {
-        Ok(objects[0].as_bytes().to_vec())
+        let mut body = Vec::with_capacity(objects[0].len() + 1);
+        body.extend_from_slice(objects[0].as_bytes());
+        body.push(b'\n');
+        Ok(body)
     } else {
         list_json(
             &ListHead {
@@ -234,6 +253,7 @@ pub fn resource(
                 },
             },
             &objects,
+            typed,
         )
     };
     Some(json_response(body.unwrap_or_default(), "application/json"))

@@ -269,7 +269,8 @@ where
                 let status = Status::unavailable(format!(
                     "this sidecar is draining; account {:?} is moving to another; retry",
                     account.name()
-                ));
+                ))
+                .retry_after(1);
                 let mut resp = fail(&account, op, Outcome::Unavailable, status);
                 ownership::mark_retryable(&mut resp);
                 return resp;

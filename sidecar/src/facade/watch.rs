@@ -355,7 +355,7 @@ impl Watcher {
                     *include,
                     chrono::Utc::now(),
                 );
-                frame(ty.as_str(), &serde_json::to_vec(&t).unwrap_or_default())
+                frame(ty.as_str(), &spinlink_kube_api::json::compact(&t))
             }
         };
         self.tx.send(line).await.is_ok()
@@ -370,13 +370,13 @@ impl Watcher {
         if initial_end {
             object["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let bytes = serde_json::to_vec(&object).unwrap_or_default();
+        let bytes = spinlink_kube_api::json::compact(&object);
         self.tx.send(frame("BOOKMARK", &bytes)).await.is_ok()
     }
 
     async fn error(&self, expired: &Expired) {
         let status = Status::expired(expired.to_string()).to_value();
-        let bytes = serde_json::to_vec(&status).unwrap_or_default();
+        let bytes = spinlink_kube_api::json::compact(&status);
         let _ = self.tx.send(frame("ERROR", &bytes)).await;
     }
 

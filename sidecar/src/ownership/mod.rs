@@ -546,9 +546,10 @@ impl Ownership {
     }
 }
 
-/// A 503 Status with `Retry-After: 1`: kubectl and client-go retry it.
+/// A 503 Status with `Retry-After: 1` (and `details.retryAfterSeconds`, as
+/// the API server writes both): kubectl and client-go retry it.
 pub fn retryable(message: String) -> Response<Body> {
-    let mut resp = body::status(&Status::unavailable(message));
+    let mut resp = body::status(&Status::unavailable(message).retry_after(1));
     mark_retryable(&mut resp);
     resp
 }

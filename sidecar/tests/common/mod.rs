@@ -284,6 +284,16 @@ pub async fn sync(
     kind: &v1::Kind,
     objects: &[Value],
 ) -> anyhow::Result<()> {
+    sync_at(cache, kind, objects, "1000").await
+}
+
+/// [`sync`] with the listing's resourceVersion.
+pub async fn sync_at(
+    cache: &mut CacheStream,
+    kind: &v1::Kind,
+    objects: &[Value],
+    resource_version: &str,
+) -> anyhow::Result<()> {
     cache
         .send(cache_up::Msg::SyncStart(v1::SyncStart {
             kind: Some(kind.clone()),
@@ -295,7 +305,7 @@ pub async fn sync(
     cache
         .send(cache_up::Msg::SyncEnd(v1::SyncEnd {
             kind: Some(kind.clone()),
-            resource_version: "1000".into(),
+            resource_version: resource_version.into(),
         }))
         .await
 }
