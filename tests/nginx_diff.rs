@@ -194,6 +194,11 @@ http {{
             proxy_pass http://deck;
             proxy_read_timeout 1s;
         }}
+        location /paced-upload/ {{
+            proxy_pass http://deck;
+            proxy_read_timeout 1s;
+            proxy_send_timeout 5s;
+        }}
         location /tls/ {{
             proxy_pass https://deck_tls/;
             proxy_ssl_verify on;
@@ -654,6 +659,8 @@ struct Req {
     body: Vec<u8>,
     /// Send the body without Content-Length (chunked / no length on h2).
     stream_body: bool,
+    /// Send the streamed body in four parts, this long apart.
+    pace: Option<Duration>,
     cert: Option<ClientCert>,
 }
 
@@ -666,6 +673,7 @@ impl Req {
             path,
             body: Vec::new(),
             stream_body: false,
+            pace: None,
             cert: None,
         }
     }
@@ -673,7 +681,19 @@ impl Req {
 
 async fn send(addr: SocketAddr, r: &Req, h2: bool) -> Outcome {
     let io = TokioIo::new(tls(addr, r.sni, h2, r.cert.as_ref()).await);
-    let body: http_body_util::combinators::BoxBody<Bytes, BoxError> = if r.stream_body {
+    let body: http_body_util::combinators::BoxBody<Bytes, BoxError> = if let Some(pace) = r.pace {
+        let parts: Vec<Bytes> = r
+            .body
+            .chunks(r.body.len().div_ceil(4).max(1))
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let paced =
+            futures::StreamExt::then(futures::stream::iter(parts), move |part| async move {
+                tokio::time::sleep(pace).await;
+                Ok::<_, BoxError>(Frame::data(part))
+            });
+        StreamBody::new(paced).boxed()
+    } else if r.stream_body {
         let chunks: Vec<Result<Frame<Bytes>, BoxError>> = r
             .body
             .chunks(512)
@@ -1107,6 +1127,25 @@ async fn nginx_and_the_gateway_answer_alike() {
             true,
         ),
         ("read timeout", Req::get("deck.test", "/slow"), false),
+        // A body that takes longer to arrive than the read timeout: nginx
+        // reads it whole, then sends it and starts the read timeout; the
+        // gateway streams it and starts the read timeout once it has gone.
+        (
+            "upload slower than the read timeout",
+            Req {
+                pace: Some(Duration::from_millis(450)),
+                ..post("deck.test", "/paced-upload/x", &big, true)
+            },
+            false,
+        ),
+        (
+            "upload slower than the read timeout h2",
+            Req {
+                pace: Some(Duration::from_millis(450)),
+                ..post("deck.test", "/paced-upload/x", &big, true)
+            },
+            true,
+        ),
         // Hosts nginx's ngx_http_validate_host refuses (400) or reads
         // otherwise than as they are written.
         ("host with two dots in a row", bad_host("deck..test"), false),

@@ -110,6 +110,7 @@ pub(crate) const HANDLED: &[Spec] = &[
     spec("grpc_read_timeout", HSL, false, T1),
     spec("proxy_connect_timeout", HSL, false, T1),
     spec("grpc_connect_timeout", HSL, false, T1),
+    spec("proxy_send_timeout", HSL, false, T1),
     // TLS to upstreams (`proxy_pass https://`, `grpc_pass grpcs://`).
     spec("proxy_ssl_verify", HSL, false, Arity::Flag),
     spec("grpc_ssl_verify", HSL, false, Arity::Flag),
@@ -198,7 +199,6 @@ pub(crate) const OUTSIDE_SUBSET: &[&str] = &[
     "proxy_cache",
     "proxy_hide_header",
     "proxy_redirect",
-    "proxy_send_timeout",
     "real_ip_recursive",
     "resolver",
     "return",

@@ -178,6 +178,11 @@ pub struct Location {
     /// it (nginx's default 60 s, also when a configuration leaves it out).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// The effective `proxy_send_timeout`, in milliseconds: how long the
+    /// request may go without a write to an HTTP/1.1 server while it is
+    /// sent (nginx's default 60 s, also when a configuration leaves it out).
+    #[serde(default = "default_send_timeout_ms")]
+    pub send_timeout_ms: u64,
     /// The effective `client_max_body_size` in bytes; `None` for `0`, no limit
     /// (nginx's default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,4 +362,9 @@ fn select<'a>(locations: &'a [Location], path: &str) -> Option<&'a Location> {
 /// read `proxy_connect_timeout`) gets nginx's default.
 fn default_connect_timeout_ms() -> u64 {
     crate::resolve::DEFAULT_CONNECT_TIMEOUT_MS
+}
+
+/// A configuration without `sendTimeoutMs` gets nginx's default.
+fn default_send_timeout_ms() -> u64 {
+    crate::resolve::DEFAULT_SEND_TIMEOUT_MS
 }

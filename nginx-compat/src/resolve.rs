@@ -26,6 +26,8 @@ pub const DEFAULT_CLIENT_MAX_BODY_SIZE: u64 = 1024 * 1024;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 60_000;
 /// nginx's `proxy_connect_timeout` / `grpc_connect_timeout` default: 60s.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 60_000;
+/// nginx's `proxy_send_timeout` default: 60s.
+pub const DEFAULT_SEND_TIMEOUT_MS: u64 = 60_000;
 /// nginx's `ssl_protocols` default since 1.23.4.
 pub const DEFAULT_TLS_PROTOCOLS: [TlsProtocol; 2] = [TlsProtocol::TlsV1_2, TlsProtocol::TlsV1_3];
 /// The port of a `listen` or upstream `server` without one.
@@ -40,6 +42,7 @@ struct Conf {
     grpc_read_timeout: Option<u64>,
     proxy_connect_timeout: Option<u64>,
     grpc_connect_timeout: Option<u64>,
+    proxy_send_timeout: Option<u64>,
     body: Option<u64>,
     real_ip_from: Option<Vec<String>>,
     real_ip_header: Option<RealIpHeader>,
@@ -96,6 +99,7 @@ impl Conf {
             &parent.proxy_connect_timeout,
         );
         or(&mut self.grpc_connect_timeout, &parent.grpc_connect_timeout);
+        or(&mut self.proxy_send_timeout, &parent.proxy_send_timeout);
         or(&mut self.body, &parent.body);
         or(&mut self.real_ip_from, &parent.real_ip_from);
         or(&mut self.real_ip_header, &parent.real_ip_header);
@@ -338,12 +342,14 @@ impl Resolver<'_> {
             "proxy_read_timeout"
             | "grpc_read_timeout"
             | "proxy_connect_timeout"
-            | "grpc_connect_timeout" => {
+            | "grpc_connect_timeout"
+            | "proxy_send_timeout" => {
                 let ms = values::parse_msec(arg0(d)).ok_or_else(|| invalid_slot(d))?;
                 let slot = match d.name.as_str() {
                     "proxy_read_timeout" => &mut conf.proxy_read_timeout,
                     "grpc_read_timeout" => &mut conf.grpc_read_timeout,
                     "proxy_connect_timeout" => &mut conf.proxy_connect_timeout,
+                    "proxy_send_timeout" => &mut conf.proxy_send_timeout,
                     _ => &mut conf.grpc_connect_timeout,
                 };
                 set_once(slot, ms, d)?;
@@ -870,6 +876,11 @@ impl Resolver<'_> {
             headers: headers.unwrap_or_default(),
             read_timeout_ms: timeout.unwrap_or(DEFAULT_READ_TIMEOUT_MS),
             connect_timeout_ms: connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS),
+            // HTTP/2 upstreams (gRPC) have no send timeout of their own.
+            send_timeout_ms: (!is_grpc)
+                .then_some(eff.proxy_send_timeout)
+                .flatten()
+                .unwrap_or(DEFAULT_SEND_TIMEOUT_MS),
             client_max_body_size: (body != 0).then_some(body),
             upstream_tls,
             locations,

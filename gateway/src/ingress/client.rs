@@ -67,8 +67,11 @@ pub(super) struct Timeouts {
     /// Connecting, the TLS handshake included (`proxy_connect_timeout`,
     /// `grpc_connect_timeout`).
     pub connect: Duration,
-    /// From the request handed to a connection to its answer's head
-    /// (`proxy_read_timeout`, `grpc_read_timeout`).
+    /// Between two writes of the request to an HTTP/1.1 server
+    /// (`proxy_send_timeout`); the read timeout starts once it has gone.
+    pub send: Duration,
+    /// To the answer's head (`proxy_read_timeout`, `grpc_read_timeout`):
+    /// from the request's end over HTTP/1.1, from its start over HTTP/2.
     pub read: Duration,
 }
 
@@ -86,8 +89,9 @@ pub(super) enum SendError {
         timed_out: bool,
         body: Option<ReqBody>,
     },
-    /// The request was handed to a connection and no answer's head came
-    /// within the read timeout.
+    /// The request was handed to an HTTP/2 connection and no answer's
+    /// head came within the read timeout (HTTP/1.1 says it in
+    /// [`h1::Error::TimedOut`]).
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// An HTTP/1.1 exchange failed after the request was handed over.
@@ -115,14 +119,12 @@ impl SendError {
     /// A timeout ended the attempt (connecting or waiting for the answer),
     /// not an error.
     pub(super) fn is_timeout(&self) -> bool {
-        matches!(
-            self,
-            Self::Timeout(_)
-                | Self::Connect {
-                    timed_out: true,
-                    ..
-                }
-        )
+        match self {
+            Self::Timeout(_) => true,
+            Self::Connect { timed_out, .. } => *timed_out,
+            Self::H1(e) => e.is_timeout(),
+            Self::H2(_) => false,
+        }
     }
 
     /// Whether the error hands a request's body back.
@@ -398,11 +400,14 @@ impl Connections {
                 },
             };
             let b = body.take().unwrap_or_else(empty_body);
-            let exchange = conn.exchange(head.clone(), out, b, head_request);
-            let Ok(exchanged) = tokio::time::timeout(timeouts.read, exchange).await else {
-                return Err(SendError::Timeout(timeouts.read));
+            let waits = h1::Waits {
+                send: timeouts.send,
+                read: timeouts.read,
             };
-            match exchanged {
+            match conn
+                .exchange(head.clone(), out, b, head_request, waits)
+                .await
+            {
                 Ok(resp) => return Ok(resp.map(UpstreamBody::H1)),
                 Err(e) if reused && repeatable && e.is_connection_failure() => {
                     tracing::debug!(

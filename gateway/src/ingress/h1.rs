@@ -74,6 +74,11 @@ pub(crate) enum Error {
     /// bound on it).
     #[error(transparent)]
     Body(BoxError),
+    /// Nothing of the request could be written for the send timeout, or
+    /// its answer's head did not come within the read timeout after it had
+    /// gone out.
+    #[error("upstream timed out {0}")]
+    TimedOut(&'static str),
 }
 
 impl Error {
@@ -82,6 +87,22 @@ impl Error {
     pub(super) fn is_connection_failure(&self) -> bool {
         matches!(self, Self::Failed(_))
     }
+
+    /// A timeout ended the exchange.
+    pub(super) fn is_timeout(&self) -> bool {
+        matches!(self, Self::TimedOut(_))
+    }
+}
+
+/// How long an exchange waits on its server: between two writes of the
+/// request while it goes out (nginx's `proxy_send_timeout`), then from its
+/// end to the answer's head (`proxy_read_timeout`, which nginx starts once
+/// the request is sent). A request whose body streams in slowly from its
+/// client is not cut off by the read timeout while it is still moving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Waits {
+    pub send: std::time::Duration,
+    pub read: std::time::Duration,
 }
 
 /// A connection to an upstream server, between exchanges or lent to one
@@ -129,6 +150,7 @@ impl Conn {
         out: Out,
         body: ReqBody,
         head_request: bool,
+        waits: Waits,
     ) -> Result<http::Response<Answer>, Error> {
         let mut sending = Sending {
             pending: head,
@@ -136,7 +158,15 @@ impl Conn {
             body: (out != Out::None).then_some(body),
             done: false,
             failed: false,
+            written: 0,
         };
+        // One timer, moved on as the request goes out ([`Waits`]); a
+        // request without a body goes out at once and starts on the read
+        // timeout.
+        let mut writing = out != Out::None;
+        let mut written = 0;
+        let timer = tokio::time::sleep(if writing { waits.send } else { waits.read });
+        let mut timer = std::pin::pin!(timer);
         let parsed = poll_fn(|cx| {
             if !sending.done && !sending.failed {
                 match sending.poll(cx, &mut self.io) {
@@ -151,7 +181,22 @@ impl Conn {
                     Poll::Pending => {}
                 }
             }
-            self.poll_head(cx)
+            if let Poll::Ready(head) = self.poll_head(cx) {
+                return Poll::Ready(head);
+            }
+            let still_writing = !sending.done && !sending.failed;
+            if still_writing != writing || (still_writing && sending.written != written) {
+                writing = still_writing;
+                written = sending.written;
+                let wait = if writing { waits.send } else { waits.read };
+                timer.as_mut().reset(tokio::time::Instant::now() + wait);
+            }
+            ready!(timer.as_mut().poll(cx));
+            Poll::Ready(Err(Error::TimedOut(if writing {
+                "sending the request"
+            } else {
+                "waiting for the answer"
+            })))
         })
         .await?;
         let head = parsed;
@@ -220,6 +265,8 @@ struct Sending {
     done: bool,
     /// The connection failed while writing.
     failed: bool,
+    /// Bytes written so far: progress, for the send timeout.
+    written: u64,
 }
 
 impl Sending {
@@ -232,6 +279,7 @@ impl Sending {
                     return Poll::Ready(Err(Error::Failed(std::io::ErrorKind::WriteZero.into())));
                 }
                 self.pending.advance(n);
+                self.written += n as u64;
             }
             // Out before waiting on the body: over TLS, a write the socket
             // took only in part leaves records that only a flush sends.
@@ -1197,7 +1245,7 @@ mod tests {
         .await;
         let body = body_of(b"abc", false);
         let (head, out) = encode_head(&Method::POST, "/up", &HeaderMap::new(), &body).unwrap();
-        let resp = conn.exchange(head, out, body, false).await.unwrap();
+        let resp = conn.exchange(head, out, body, false, WAITS).await.unwrap();
         assert_eq!(resp.status(), StatusCode::CREATED);
         assert_eq!(
             rx.await.unwrap(),
@@ -1239,7 +1287,7 @@ mod tests {
         >());
         let body: ReqBody = http_body_util::BodyExt::boxed_unsync(body);
         let (head, out) = encode_head(&Method::PUT, "/", &HeaderMap::new(), &body).unwrap();
-        let resp = conn.exchange(head, out, body, false).await.unwrap();
+        let resp = conn.exchange(head, out, body, false, WAITS).await.unwrap();
         assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let mut answer = resp.into_body();
         assert!(answer.is_end_stream());
@@ -1299,7 +1347,9 @@ mod tests {
         tx.send(Ok(Frame::data(Bytes::from_static(b"abc"))))
             .await
             .unwrap();
-        let resp = within(conn.exchange(head, out, body, false)).await.unwrap();
+        let resp = within(conn.exchange(head, out, body, false, WAITS))
+            .await
+            .unwrap();
         let mut answer = resp.into_body();
         let mut next = async || {
             std::future::poll_fn(|cx| Pin::new(&mut answer).poll_frame(cx))
@@ -1400,7 +1450,7 @@ mod tests {
         tx.send(Ok(Frame::data(Bytes::from(vec![b'x'; SIZE]))))
             .await
             .unwrap();
-        let exchange = tokio::spawn(conn.exchange(head, out, body, false));
+        let exchange = tokio::spawn(conn.exchange(head, out, body, false, WAITS));
         within(got_rx).await.expect("the first piece arrived whole");
         drop(tx);
         let resp = within(exchange).await.unwrap().unwrap();
@@ -1418,7 +1468,10 @@ mod tests {
         .await;
         let body = body_of(b"", true);
         let (head, out) = encode_head(&Method::GET, "/", &HeaderMap::new(), &body).unwrap();
-        let e = conn.exchange(head, out, body, false).await.unwrap_err();
+        let e = conn
+            .exchange(head, out, body, false, WAITS)
+            .await
+            .unwrap_err();
         assert!(e.is_connection_failure(), "{e}");
         let conn = conn_to(|mut s| async move {
             use tokio::io::AsyncWriteExt as _;
@@ -1428,8 +1481,106 @@ mod tests {
         .await;
         let body = body_of(b"", true);
         let (head, out) = encode_head(&Method::GET, "/", &HeaderMap::new(), &body).unwrap();
-        let e = conn.exchange(head, out, body, false).await.unwrap_err();
+        let e = conn
+            .exchange(head, out, body, false, WAITS)
+            .await
+            .unwrap_err();
         assert!(!e.is_connection_failure(), "{e}");
+    }
+
+    /// Timeouts the exchanges here never meet.
+    const WAITS: Waits = Waits {
+        send: std::time::Duration::from_secs(60),
+        read: std::time::Duration::from_secs(60),
+    };
+
+    /// A body that comes in `parts` pieces `gap` apart, then ends (or, with
+    /// `stall`, never ends).
+    fn paced_body(parts: usize, gap: std::time::Duration, stall: bool) -> ReqBody {
+        use futures::StreamExt as _;
+        use http_body_util::BodyExt as _;
+        let pieces = futures::stream::iter(0..parts).then(move |_| async move {
+            tokio::time::sleep(gap).await;
+            Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"part")))
+        });
+        let tail = futures::stream::iter([()]).filter_map(move |()| async move {
+            if stall {
+                std::future::pending::<()>().await;
+            }
+            None
+        });
+        http_body_util::StreamBody::new(pieces.chain(tail)).boxed_unsync()
+    }
+
+    /// nginx's timers on the way out: between two writes of the request
+    /// the send timeout, and only from its end the read timeout — so a
+    /// body that streams in for longer than the read timeout is answered.
+    /// A request that stops moving times out sending; an answer that does
+    /// not come, reading.
+    #[tokio::test]
+    async fn the_read_timeout_starts_once_the_request_has_gone() {
+        let short = std::time::Duration::from_millis(200);
+        let gap = std::time::Duration::from_millis(120);
+        // The server reads the whole request (head, then a chunked body to
+        // its last chunk), then answers.
+        let answering = || {
+            conn_to(|mut s| async move {
+                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                let mut got = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !got.ends_with(b"0\r\n\r\n") {
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "closed mid-request");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                    .await
+                    .unwrap();
+                std::future::pending::<()>().await;
+            })
+        };
+        let waits = Waits {
+            send: std::time::Duration::from_secs(5),
+            read: short,
+        };
+        // Five pieces 120 ms apart: 600 ms going out, three read timeouts.
+        let body = paced_body(5, gap, false);
+        let (head, out) = encode_head(&Method::PUT, "/up", &HeaderMap::new(), &body).unwrap();
+        assert_eq!(out, Out::Chunked);
+        let resp = within(answering().await.exchange(head, out, body, false, waits))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+
+        // A body that stops: the send timeout.
+        let waits = Waits {
+            send: short,
+            read: std::time::Duration::from_secs(60),
+        };
+        let body = paced_body(1, gap, true);
+        let (head, out) = encode_head(&Method::PUT, "/up", &HeaderMap::new(), &body).unwrap();
+        let e = within(answering().await.exchange(head, out, body, false, waits))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout() && e.to_string().contains("sending"), "{e}");
+        assert!(!e.is_connection_failure(), "{e}");
+
+        // Sent, never answered: the read timeout.
+        let waits = Waits {
+            send: std::time::Duration::from_secs(60),
+            read: short,
+        };
+        let silent = conn_to(|mut s| async move {
+            read_request_head(&mut s).await;
+            std::future::pending::<()>().await;
+        })
+        .await;
+        let body = body_of(b"", true);
+        let (head, out) = encode_head(&Method::GET, "/", &HeaderMap::new(), &body).unwrap();
+        let e = within(silent.exchange(head, out, body, false, waits))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout() && e.to_string().contains("waiting"), "{e}");
     }
 
     async fn read_request_head(s: &mut tokio::net::TcpStream) {

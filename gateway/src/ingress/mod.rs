@@ -113,6 +113,7 @@ struct RouteTarget {
     headers: Vec<(http::HeaderName, Option<Template>)>,
     read_timeout: Duration,
     connect_timeout: Duration,
+    send_timeout: Duration,
     /// `None`: unlimited (`client_max_body_size 0`).
     max_body: Option<u64>,
     location_path: String,
@@ -475,6 +476,7 @@ fn target_ctx<'a>(
         headers: &target.headers,
         read_timeout: target.read_timeout,
         connect_timeout: target.connect_timeout,
+        send_timeout: target.send_timeout,
         max_body: target.max_body,
         host,
         server_name: &server.first_name,
@@ -581,6 +583,7 @@ fn compile_location(
                 headers,
                 read_timeout: Duration::from_millis(l.read_timeout_ms.max(1)),
                 connect_timeout: Duration::from_millis(l.connect_timeout_ms.max(1)),
+                send_timeout: Duration::from_millis(l.send_timeout_ms.max(1)),
                 max_body: l.client_max_body_size.filter(|&n| n > 0),
                 location_path: l.path.clone(),
                 exact: l.match_kind == MatchKind::Exact,

@@ -270,6 +270,8 @@ pub struct Ctx<'a> {
     pub read_timeout: Duration,
     /// `proxy_connect_timeout` / `grpc_connect_timeout`.
     pub connect_timeout: Duration,
+    /// `proxy_send_timeout`.
+    pub send_timeout: Duration,
     /// `client_max_body_size` (`None`: unlimited).
     pub max_body: Option<u64>,
     /// `$host`.
@@ -552,6 +554,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         };
         let timeouts = Timeouts {
             connect: ctx.connect_timeout,
+            send: ctx.send_timeout,
             read: ctx.read_timeout,
         };
         let sent = pool.connections[connections]
@@ -997,6 +1000,7 @@ mod tests {
 
     const TIMEOUTS: Timeouts = Timeouts {
         connect: Duration::from_secs(10),
+        send: Duration::from_secs(10),
         read: Duration::from_secs(10),
     };
 
@@ -1164,6 +1168,7 @@ mod tests {
         let (refusing, _bound) = crate::test_support::refusing_address();
         let timeouts = Timeouts {
             connect: Duration::from_millis(100),
+            send: Duration::from_secs(600),
             read: Duration::from_secs(600),
         };
         for h2 in [false, true] {

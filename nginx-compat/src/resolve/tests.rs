@@ -657,21 +657,57 @@ fn connect_timeouts() {
 }
 
 #[test]
-fn a_model_without_a_connect_timeout_gets_nginx_default() {
-    let p =
-        ok("server { listen 80; location / { proxy_pass http://a:1; proxy_connect_timeout 3s; } }");
+fn send_timeouts() {
+    let send = |conf: &str| location(conf).send_timeout_ms;
+    assert_eq!(
+        send("location / { proxy_pass http://a:1; }"),
+        DEFAULT_SEND_TIMEOUT_MS
+    );
+    assert_eq!(
+        send("proxy_send_timeout 2m; location / { proxy_pass http://a:1; }"),
+        120_000
+    );
+    assert_eq!(
+        send("location / { proxy_pass http://a:1; proxy_send_timeout 5s; }"),
+        5_000
+    );
+    // HTTP/2 upstreams have none of their own: grpc_send_timeout is
+    // outside the subset, and proxy_send_timeout is not theirs.
+    assert_eq!(
+        send("proxy_send_timeout 5s; location / { grpc_pass a:1; }"),
+        DEFAULT_SEND_TIMEOUT_MS
+    );
+    assert!(
+        err("grpc_send_timeout 5s;").contains("grpc_send_timeout"),
+        "{}",
+        err("grpc_send_timeout 5s;")
+    );
+    assert_eq!(
+        err("proxy_send_timeout 1s;\nproxy_send_timeout 2s;"),
+        format!("\"proxy_send_timeout\" directive is duplicate {}", at(4))
+    );
+}
+
+#[test]
+fn a_model_without_connect_or_send_timeouts_gets_nginx_defaults() {
+    let p = ok("server { listen 80; location / { proxy_pass http://a:1; \
+                proxy_connect_timeout 3s; proxy_send_timeout 4s; } }");
     let yaml = serde_norway::to_string(&p.ingress).unwrap();
-    assert!(yaml.contains("connectTimeoutMs: 3000"), "{yaml}");
+    let newer = ["connectTimeoutMs: 3000", "sendTimeoutMs: 4000"];
+    for line in newer {
+        assert!(yaml.contains(line), "{yaml}");
+    }
     let older: String = yaml
         .lines()
-        .filter(|l| l.trim() != "connectTimeoutMs: 3000")
+        .filter(|l| !newer.contains(&l.trim()))
         .map(|l| format!("{l}\n"))
         .collect();
     assert_ne!(older, yaml);
     let back: Ingress = serde_norway::from_str(&older).unwrap();
+    let l = &back.servers[0].locations[0];
     assert_eq!(
-        back.servers[0].locations[0].connect_timeout_ms,
-        DEFAULT_CONNECT_TIMEOUT_MS
+        (l.connect_timeout_ms, l.send_timeout_ms),
+        (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_SEND_TIMEOUT_MS)
     );
 }
 
