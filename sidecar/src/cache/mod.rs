@@ -864,6 +864,10 @@ pub(crate) mod tests {
                 br#"{"kind":"K\"","apiVersion":"v\\","data":{"x":"<&>"}}"#.to_vec(),
                 br#"{"apiVersion":"x.io/v1","kind":"G","spec":{}}"#.to_vec(),
                 br#"{"kind":"K","apiVersion":1,"a":[]}"#.to_vec(),
+                // A number read back one ulp off without serde_json's
+                // `float_roundtrip` (found by cargo-fuzz).
+                b"1155555555557555555555555\n\n".to_vec(),
+                br#"{"n":1155555555557555555555555,"f":0.1}"#.to_vec(),
             ])
             .run(fuzz_object_text);
     }
