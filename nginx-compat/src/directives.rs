@@ -183,10 +183,16 @@ pub(crate) const OUTSIDE_SUBSET: &[&str] = &[
     "add_header",
     "allow",
     "auth_basic",
+    "auth_basic_user_file",
     "auth_request",
     "client_body_buffer_size",
+    "client_body_timeout",
+    "client_header_timeout",
     "deny",
     "error_page",
+    "expires",
+    "grpc_buffer_size",
+    "grpc_next_upstream",
     "grpc_send_timeout",
     "gzip",
     "if",
@@ -196,20 +202,34 @@ pub(crate) const OUTSIDE_SUBSET: &[&str] = &[
     "limit_req",
     "limit_req_zone",
     "map",
+    "proxy_buffer_size",
+    "proxy_buffers",
+    "proxy_busy_buffers_size",
     "proxy_cache",
+    "proxy_cookie_domain",
+    "proxy_cookie_path",
     "proxy_hide_header",
+    "proxy_ignore_client_abort",
+    "proxy_intercept_errors",
+    "proxy_next_upstream",
+    "proxy_next_upstream_timeout",
+    "proxy_next_upstream_tries",
+    "proxy_pass_header",
     "proxy_redirect",
     "real_ip_recursive",
     "resolver",
     "return",
     "rewrite",
     "root",
+    "satisfy",
+    "send_timeout",
     "ssl_ciphers",
     "ssl_dhparam",
     "ssl_stapling",
     "ssl_trusted_certificate",
     "ssl_verify_depth",
     "stream",
+    "sub_filter",
     "try_files",
 ];
 
@@ -248,6 +268,12 @@ pub(crate) fn lookup(name: &str, ctx: Ctx) -> Lookup {
 /// Whether `name` is one of the accepted-and-ignored directives.
 pub fn is_ignored(name: &str) -> bool {
     IGNORED.iter().any(|s| s.name == name)
+}
+
+/// The nginx directives outside the subset: refused by name (or skipped
+/// with `--lenient`), never taken for unknown ones.
+pub fn outside_subset_names() -> impl Iterator<Item = &'static str> {
+    OUTSIDE_SUBSET.iter().copied()
 }
 
 /// The names of the accepted-and-ignored directives, for documentation and
