@@ -88,10 +88,18 @@ fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
 
 /// A recorded JSON document (kept indented in `fixtures/`) as the server
 /// sent it.
-fn json_fixture(bytes: &[u8]) -> Response<Body> {
+fn json_document(bytes: &[u8]) -> Response<Body> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(_) => status_response(&Status::no_route()),
+    }
+}
+
+/// The recorded JSON document at `rel` ([`json_document`]).
+fn json_fixture(rel: &str) -> Response<Body> {
+    match fixtures::file(rel) {
+        Some(b) => json_document(b),
+        None => status_response(&Status::no_route()),
     }
 }
 
@@ -323,10 +331,7 @@ fn discovery_root(accept: &str, root: &str, headers: &HeaderMap) -> Response<Bod
             None => status_response(&Status::no_route()),
         }
     } else {
-        match fixtures::file(&format!("discovery/{root}.json")) {
-            Some(b) => json_fixture(b),
-            None => status_response(&Status::no_route()),
-        }
+        json_fixture(&format!("discovery/{root}.json"))
     }
 }
 
@@ -489,13 +494,10 @@ async fn resource(
             return status_response(&Status::method_not_allowed());
         }
         return if group.is_empty() {
-            match fixtures::file("discovery/api_v1.json") {
-                Some(b) => json_fixture(b),
-                None => status_response(&Status::no_route()),
-            }
+            json_fixture("discovery/api_v1.json")
         } else {
             match fixtures::group_version(group, version) {
-                Some(b) => json_fixture(b),
+                Some(b) => json_document(b),
                 None => match discovery::group_version(&ctx.sim.custom_resources(), group, version)
                 {
                     Some(doc) => json_response(StatusCode::OK, &doc),
