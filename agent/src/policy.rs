@@ -52,23 +52,16 @@ pub struct Denied {
 }
 
 impl Denied {
-    /// The `metav1.Status` JSON for the response body.
+    /// The `metav1.Status` JSON for the response body, written as the API
+    /// server writes its own ([`spinlink_kube_api::json`]).
     pub fn status_body(&self) -> Vec<u8> {
         let reason = if self.code == 403 {
             "Forbidden"
         } else {
             "BadRequest"
         };
-        serde_json::to_vec(&serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": reason,
-            "code": self.code,
-        }))
-        .unwrap_or_default()
+        let status = spinlink_kube_api::Status::new(self.code, reason, self.message.clone());
+        spinlink_kube_api::json::encode(&status)
     }
 }
 
@@ -436,12 +429,20 @@ mod tests {
         let d = denied("POST", "/apis");
         assert!(d.message.contains("non-resource"), "{}", d.message);
         assert_eq!(denied("GET", "/api/v1/namespaces/a/../x").code, 400);
-        let body: serde_json::Value = serde_json::from_slice(&d.status_body()).unwrap();
+        let text = d.status_body();
+        let body: serde_json::Value = serde_json::from_slice(&text).unwrap();
         assert_eq!(
             (body["kind"].as_str(), body["code"].as_u64()),
             (Some("Status"), Some(403))
         );
         assert_eq!(body["reason"], "Forbidden");
+        // The server's JSON: the keys in its order, compact, one newline.
+        assert!(
+            text.starts_with(br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"#),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+        assert!(text.ends_with(b",\"reason\":\"Forbidden\",\"code\":403}\n"));
         // Whatever the policy, the account may ask what it may do.
         let review = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
         assert!(p.check("POST", review, "").is_ok());
