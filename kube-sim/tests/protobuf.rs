@@ -234,9 +234,11 @@ async fn custom_resources_refuse_protobuf_as_the_server_does() {
         fixture_bytes("errors/406-accept-protobuf-customresource.bin").as_slice()
     );
     // Protobuf or JSON: JSON. A custom resource's list is unstructured:
-    // its items keep `kind` and `apiVersion`, where a built-in kind's
-    // typed list leaves them out (apimachinery's `UnstructuredList`; no
-    // such list is among the recordings).
+    // its items keep `kind` and `apiVersion` (each item's whole content,
+    // `UnstructuredList.UnstructuredContent` in k8s.io/apimachinery
+    // pkg/apis/meta/v1/unstructured/unstructured_list.go; no such list is
+    // among the recordings), where a built-in kind's typed list leaves them
+    // out (recorded: `authz/impersonate-list-allowed`).
     let created = s
         .post(
             path,

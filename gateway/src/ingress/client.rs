@@ -52,28 +52,13 @@ use tokio::time::Instant;
 use super::h1;
 use super::upstream_tls::UpstreamTls;
 
-pub(super) use super::h1::{BoxError, ReqBody};
+pub(super) use super::h1::{BoxError, ReqBody, Timeouts};
 
 /// Idle connections kept per upstream server and worker.
 const MAX_IDLE: usize = 32;
 /// How long an idle connection is reused: nginx's upstream
 /// `keepalive_timeout` default.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long a request waits on an upstream server, phase by phase, as
-/// nginx times them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Timeouts {
-    /// Connecting, the TLS handshake included (`proxy_connect_timeout`,
-    /// `grpc_connect_timeout`).
-    pub connect: Duration,
-    /// Between two writes of the request to an HTTP/1.1 server
-    /// (`proxy_send_timeout`); the read timeout starts once it has gone.
-    pub send: Duration,
-    /// To the answer's head (`proxy_read_timeout`, `grpc_read_timeout`):
-    /// from the request's end over HTTP/1.1, from its start over HTTP/2.
-    pub read: Duration,
-}
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +110,15 @@ impl SendError {
             Self::H1(e) => e.is_timeout(),
             Self::H2(_) => false,
         }
+    }
+
+    /// The error with `body` handed back in it, when no connection was
+    /// made (any other error keeps none: the body went to the server).
+    fn handing_back(mut self, body: Option<ReqBody>) -> Self {
+        if let Self::Connect { body: slot, .. } = &mut self {
+            *slot = body;
+        }
+        self
     }
 
     /// Whether the error hands a request's body back.
@@ -391,21 +385,12 @@ impl Connections {
                 // HTTP/2 front moves each request's future when it spawns it.
                 None => match Box::pin(dialer.dial(addr, timeouts.connect)).await {
                     Ok(io) => (h1::Conn::from_io(io), false),
-                    Err(mut e) => {
-                        if let SendError::Connect { body: slot, .. } = &mut e {
-                            *slot = body.take();
-                        }
-                        return Err(e);
-                    }
+                    Err(e) => return Err(e.handing_back(body.take())),
                 },
             };
             let b = body.take().unwrap_or_else(empty_body);
-            let waits = h1::Waits {
-                send: timeouts.send,
-                read: timeouts.read,
-            };
             match conn
-                .exchange(head.clone(), out, b, head_request, waits)
+                .exchange(head.clone(), out, b, head_request, timeouts)
                 .await
             {
                 Ok(resp) => return Ok(resp.map(UpstreamBody::H1)),
@@ -441,12 +426,7 @@ impl Connections {
                         self.idle(server).h2 = Some(sender.clone());
                         (sender, false)
                     }
-                    Err(mut e) => {
-                        if let SendError::Connect { body, .. } = &mut e {
-                            *body = Some(req.into_body());
-                        }
-                        return Err(e);
-                    }
+                    Err(e) => return Err(e.handing_back(Some(req.into_body()))),
                 },
             };
             let sent = async {

@@ -94,14 +94,22 @@ impl Error {
     }
 }
 
-/// How long an exchange waits on its server: between two writes of the
-/// request while it goes out (nginx's `proxy_send_timeout`), then from its
-/// end to the answer's head (`proxy_read_timeout`, which nginx starts once
-/// the request is sent). A request whose body streams in slowly from its
-/// client is not cut off by the read timeout while it is still moving.
+/// How long a request waits on an upstream server, phase by phase, as
+/// nginx times them. An exchange waits between two writes of the request
+/// while it goes out (`send`), then from its end to the answer's head
+/// (`read`, which nginx starts once the request is sent): a request whose
+/// body streams in slowly from its client is not cut off by the read
+/// timeout while it is still moving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Waits {
+pub(crate) struct Timeouts {
+    /// Connecting, the TLS handshake included (`proxy_connect_timeout`,
+    /// `grpc_connect_timeout`): the dialler's.
+    pub connect: std::time::Duration,
+    /// Between two writes of the request to an HTTP/1.1 server
+    /// (`proxy_send_timeout`).
     pub send: std::time::Duration,
+    /// To the answer's head (`proxy_read_timeout`, `grpc_read_timeout`):
+    /// from the request's end over HTTP/1.1, from its start over HTTP/2.
     pub read: std::time::Duration,
 }
 
@@ -150,7 +158,7 @@ impl Conn {
         out: Out,
         body: ReqBody,
         head_request: bool,
-        waits: Waits,
+        timeouts: Timeouts,
     ) -> Result<http::Response<Answer>, Error> {
         let mut sending = Sending {
             pending: head,
@@ -160,12 +168,16 @@ impl Conn {
             failed: false,
             written: 0,
         };
-        // One timer, moved on as the request goes out ([`Waits`]); a
+        // One timer, moved on as the request goes out ([`Timeouts`]); a
         // request without a body goes out at once and starts on the read
         // timeout.
         let mut writing = out != Out::None;
         let mut written = 0;
-        let timer = tokio::time::sleep(if writing { waits.send } else { waits.read });
+        let timer = tokio::time::sleep(if writing {
+            timeouts.send
+        } else {
+            timeouts.read
+        });
         let mut timer = std::pin::pin!(timer);
         let parsed = poll_fn(|cx| {
             if !sending.done && !sending.failed {
@@ -188,7 +200,11 @@ impl Conn {
             if still_writing != writing || (still_writing && sending.written != written) {
                 writing = still_writing;
                 written = sending.written;
-                let wait = if writing { waits.send } else { waits.read };
+                let wait = if writing {
+                    timeouts.send
+                } else {
+                    timeouts.read
+                };
                 timer.as_mut().reset(tokio::time::Instant::now() + wait);
             }
             ready!(timer.as_mut().poll(cx));
@@ -1489,7 +1505,8 @@ mod tests {
     }
 
     /// Timeouts the exchanges here never meet.
-    const WAITS: Waits = Waits {
+    const WAITS: Timeouts = Timeouts {
+        connect: std::time::Duration::from_secs(60),
         send: std::time::Duration::from_secs(60),
         read: std::time::Duration::from_secs(60),
     };
@@ -1539,9 +1556,10 @@ mod tests {
                 std::future::pending::<()>().await;
             })
         };
-        let waits = Waits {
+        let waits = Timeouts {
             send: std::time::Duration::from_secs(5),
             read: short,
+            ..WAITS
         };
         // Five pieces 120 ms apart: 600 ms going out, three read timeouts.
         let body = paced_body(5, gap, false);
@@ -1553,9 +1571,9 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::NO_CONTENT);
 
         // A body that stops: the send timeout.
-        let waits = Waits {
+        let waits = Timeouts {
             send: short,
-            read: std::time::Duration::from_secs(60),
+            ..WAITS
         };
         let body = paced_body(1, gap, true);
         let (head, out) = encode_head(&Method::PUT, "/up", &HeaderMap::new(), &body).unwrap();
@@ -1566,9 +1584,9 @@ mod tests {
         assert!(!e.is_connection_failure(), "{e}");
 
         // Sent, never answered: the read timeout.
-        let waits = Waits {
-            send: std::time::Duration::from_secs(60),
+        let waits = Timeouts {
             read: short,
+            ..WAITS
         };
         let silent = conn_to(|mut s| async move {
             read_request_head(&mut s).await;

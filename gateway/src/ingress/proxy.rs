@@ -266,12 +266,8 @@ pub struct Ctx<'a> {
     pub exact: bool,
     /// The location's header templates.
     pub headers: &'a [(HeaderName, Option<Template>)],
-    /// `proxy_read_timeout` / `grpc_read_timeout`.
-    pub read_timeout: Duration,
-    /// `proxy_connect_timeout` / `grpc_connect_timeout`.
-    pub connect_timeout: Duration,
-    /// `proxy_send_timeout`.
-    pub send_timeout: Duration,
+    /// The location's connect, send and read timeouts.
+    pub(crate) timeouts: Timeouts,
     /// `client_max_body_size` (`None`: unlimited).
     pub max_body: Option<u64>,
     /// `$host`.
@@ -552,13 +548,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
         } else {
             Version::HTTP_11
         };
-        let timeouts = Timeouts {
-            connect: ctx.connect_timeout,
-            send: ctx.send_timeout,
-            read: ctx.read_timeout,
-        };
         let sent = pool.connections[connections]
-            .send(&pool.dialer, server, addr, up, timeouts)
+            .send(&pool.dialer, server, addr, up, ctx.timeouts)
             .await;
         // nginx's `proxy_next_upstream error timeout` (its default): what
         // failed goes on to the next server — any request when no
@@ -634,7 +625,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Response<Body>
                 remove_hop_by_hop(&mut parts.headers, |_| false);
                 let body = Timed {
                     inner: body,
-                    timeout: ctx.read_timeout,
+                    timeout: ctx.timeouts.read,
                     sleep: None,
                     ended: false,
                     lease: Lease {

@@ -775,7 +775,8 @@ fn list(
     }
     // Items of a built-in kind's list carry no kind/apiVersion, as the real
     // server sends them (its typed lists: `authz/impersonate-list-allowed`);
-    // a custom resource's list is unstructured and its items keep them.
+    // a custom resource's list is unstructured and its items keep them
+    // (apimachinery's `UnstructuredList.UnstructuredContent`).
     let items: Vec<Value> = page
         .items
         .iter()

@@ -10,7 +10,7 @@ use serde_json::Value;
 use spinlink_kube_api::Resource;
 use spinlink_kube_api::table::{self, IncludeObject, PrinterColumn};
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Entry};
 
 /// How the rows of a Table are printed.
 #[derive(Debug, Clone)]
@@ -24,23 +24,29 @@ pub enum Printer {
 /// The printer for `res`, or `None` when the facade cannot print it as the
 /// server would.
 pub fn printer(cache: &Cache, res: Resource<'_>) -> Option<Printer> {
-    let crds = cache.kind("apiextensions.k8s.io", "v1", "customresourcedefinitions");
-    let crd_name = format!("{}.{}", res.plural, res.group);
-    if let Some(crd) = crds.and_then(|k| k.objects.get(&(String::new(), crd_name))) {
+    if let Some(crd) = crd(cache, res) {
         let columns = PrinterColumn::of_crd(&crd.object(), res.version)?;
         return Some(Printer::Custom(columns));
     }
     table::has_printer(res).then_some(Printer::BuiltIn)
 }
 
+/// The cached CustomResourceDefinition of `res`, if it is a custom
+/// resource whose CRD the agent sent.
+fn crd<'a>(cache: &'a Cache, res: Resource<'_>) -> Option<&'a Entry> {
+    let crds = cache.kind("apiextensions.k8s.io", "v1", "customresourcedefinitions")?;
+    crds.objects
+        .get(&(String::new(), format!("{}.{}", res.plural, res.group)))
+}
+
 /// Whether `res` is a custom resource: its CustomResourceDefinition is
 /// cached, or (not cached) its group is not one of Kubernetes' own (`core`,
-/// a name without a dot, or `*.k8s.io`).
+/// a name without a dot, or `*.k8s.io`). A custom resource's LIST is
+/// unstructured, its items whole (apimachinery's
+/// `pkg/apis/meta/v1/unstructured/unstructured_list.go`,
+/// `UnstructuredList.UnstructuredContent`).
 pub fn is_custom(cache: &Cache, res: Resource<'_>) -> bool {
-    let crds = cache.kind("apiextensions.k8s.io", "v1", "customresourcedefinitions");
-    let crd_name = format!("{}.{}", res.plural, res.group);
-    crds.is_some_and(|k| k.objects.contains_key(&(String::new(), crd_name)))
-        || (res.group.contains('.') && !res.group.ends_with(".k8s.io"))
+    crd(cache, res).is_some() || (res.group.contains('.') && !res.group.ends_with(".k8s.io"))
 }
 
 /// A Table of `objects` of `res`, printed by `printer`.
