@@ -125,6 +125,9 @@ pub(crate) const HANDLED: &[Spec] = &[
     spec("proxy_ssl_certificate_key", HSL, false, T1),
     spec("grpc_ssl_certificate_key", HSL, false, T1),
     spec("client_max_body_size", HSL, false, T1),
+    spec("client_body_buffer_size", HSL, false, T1),
+    spec("client_body_timeout", HSL, false, T1),
+    spec("proxy_request_buffering", HSL, false, Arity::Flag),
     spec("set_real_ip_from", HSL, false, T1),
     spec("real_ip_header", HSL, false, T1),
 ];
@@ -171,10 +174,9 @@ pub(crate) const IGNORED: &[Spec] = &[
     spec("ssl_session_tickets", HS, false, Arity::Flag),
     spec("ssl_prefer_server_ciphers", HS, false, Arity::Flag),
     // Upstream connection handling the gateway always does (HTTP/1.1,
-    // pooled connections, streamed bodies).
+    // pooled connections, answers streamed to the client).
     spec("proxy_http_version", HSL, false, T1),
     spec("proxy_buffering", HSL, false, Arity::Flag),
-    spec("proxy_request_buffering", HSL, false, Arity::Flag),
     spec("keepalive", Ctx::UPSTREAM, false, T1),
 ];
 
@@ -185,8 +187,6 @@ pub(crate) const OUTSIDE_SUBSET: &[&str] = &[
     "auth_basic",
     "auth_basic_user_file",
     "auth_request",
-    "client_body_buffer_size",
-    "client_body_timeout",
     "client_header_timeout",
     "deny",
     "error_page",

@@ -187,6 +187,20 @@ pub struct Location {
     /// (nginx's default 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_max_body_size: Option<u64>,
+    /// Whether a request's body is read before the request goes upstream
+    /// (nginx's `proxy_request_buffering`, default on; never for gRPC,
+    /// whose streams nginx does not read ahead). Bodies up to
+    /// `client_body_buffer_size` are read whole; larger ones stream.
+    #[serde(default = "default_request_buffering")]
+    pub request_buffering: bool,
+    /// The effective `client_body_buffer_size` in bytes: the most of a
+    /// request body held to read it whole (16 KiB by default).
+    #[serde(default = "default_client_body_buffer_size")]
+    pub client_body_buffer_size: u64,
+    /// The effective `client_body_timeout`, in milliseconds: how long a
+    /// body being read ahead may go without a byte (nginx's default 60 s).
+    #[serde(default = "default_client_body_timeout_ms")]
+    pub client_body_timeout_ms: u64,
     /// TLS to the upstream, for an `https://` or `grpcs://` target: the
     /// effective `proxy_ssl_*` (or `grpc_ssl_*`) settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -362,6 +376,22 @@ fn select<'a>(locations: &'a [Location], path: &str) -> Option<&'a Location> {
 /// read `proxy_connect_timeout`) gets nginx's default.
 fn default_connect_timeout_ms() -> u64 {
     crate::resolve::DEFAULT_CONNECT_TIMEOUT_MS
+}
+
+/// A configuration without `requestBuffering` (written before the gateway
+/// read request bodies ahead) gets nginx's default.
+fn default_request_buffering() -> bool {
+    true
+}
+
+/// A configuration without `clientBodyBufferSize` gets the default.
+fn default_client_body_buffer_size() -> u64 {
+    crate::resolve::DEFAULT_CLIENT_BODY_BUFFER_SIZE
+}
+
+/// A configuration without `clientBodyTimeoutMs` gets nginx's default.
+fn default_client_body_timeout_ms() -> u64 {
+    crate::resolve::DEFAULT_CLIENT_BODY_TIMEOUT_MS
 }
 
 /// A configuration without `sendTimeoutMs` gets nginx's default.

@@ -30,6 +30,13 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_SEND_TIMEOUT_MS: u64 = 60_000;
 /// nginx's `ssl_protocols` default since 1.23.4.
 pub const DEFAULT_TLS_PROTOCOLS: [TlsProtocol; 2] = [TlsProtocol::TlsV1_2, TlsProtocol::TlsV1_3];
+/// `client_body_buffer_size` when a configuration leaves it out: 16k
+/// (nginx's is two memory pages, 8k on x86-64 and 16k on most other 64-bit
+/// platforms; beyond it nginx writes the body to a file, and the gateway,
+/// which writes no files, streams the rest).
+pub const DEFAULT_CLIENT_BODY_BUFFER_SIZE: u64 = 16 * 1024;
+/// nginx's `client_body_timeout` default: 60s.
+pub const DEFAULT_CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
 /// The port of a `listen` or upstream `server` without one.
 pub const DEFAULT_PORT: u16 = 80;
 
@@ -44,6 +51,9 @@ struct Conf {
     grpc_connect_timeout: Option<u64>,
     proxy_send_timeout: Option<u64>,
     body: Option<u64>,
+    request_buffering: Option<bool>,
+    body_buffer: Option<u64>,
+    body_timeout: Option<u64>,
     real_ip_from: Option<Vec<String>>,
     real_ip_header: Option<RealIpHeader>,
     certs: Option<Vec<String>>,
@@ -101,6 +111,9 @@ impl Conf {
         or(&mut self.grpc_connect_timeout, &parent.grpc_connect_timeout);
         or(&mut self.proxy_send_timeout, &parent.proxy_send_timeout);
         or(&mut self.body, &parent.body);
+        or(&mut self.request_buffering, &parent.request_buffering);
+        or(&mut self.body_buffer, &parent.body_buffer);
+        or(&mut self.body_timeout, &parent.body_timeout);
         or(&mut self.real_ip_from, &parent.real_ip_from);
         or(&mut self.real_ip_header, &parent.real_ip_header);
         or(&mut self.certs, &parent.certs);
@@ -343,20 +356,31 @@ impl Resolver<'_> {
             | "grpc_read_timeout"
             | "proxy_connect_timeout"
             | "grpc_connect_timeout"
-            | "proxy_send_timeout" => {
+            | "proxy_send_timeout"
+            | "client_body_timeout" => {
                 let ms = values::parse_msec(arg0(d)).ok_or_else(|| invalid_slot(d))?;
                 let slot = match d.name.as_str() {
                     "proxy_read_timeout" => &mut conf.proxy_read_timeout,
                     "grpc_read_timeout" => &mut conf.grpc_read_timeout,
                     "proxy_connect_timeout" => &mut conf.proxy_connect_timeout,
                     "proxy_send_timeout" => &mut conf.proxy_send_timeout,
+                    "client_body_timeout" => &mut conf.body_timeout,
                     _ => &mut conf.grpc_connect_timeout,
                 };
                 set_once(slot, ms, d)?;
             }
-            "client_max_body_size" => {
+            "client_max_body_size" | "client_body_buffer_size" => {
                 let size = values::parse_size(arg0(d)).ok_or_else(|| invalid_slot(d))?;
-                set_once(&mut conf.body, size, d)?;
+                let slot = if d.name == "client_max_body_size" {
+                    &mut conf.body
+                } else {
+                    &mut conf.body_buffer
+                };
+                set_once(slot, size, d)?;
+            }
+            "proxy_request_buffering" => {
+                let on = values::parse_flag(arg0(d)).unwrap_or_default();
+                set_once(&mut conf.request_buffering, on, d)?;
             }
             "set_real_ip_from" => {
                 let v = arg0(d);
@@ -882,6 +906,11 @@ impl Resolver<'_> {
                 .flatten()
                 .unwrap_or(DEFAULT_SEND_TIMEOUT_MS),
             client_max_body_size: (body != 0).then_some(body),
+            // gRPC streams are never read ahead (ngx_http_grpc_handler sets
+            // `request_body_no_buffering`).
+            request_buffering: !is_grpc && eff.request_buffering.unwrap_or(true),
+            client_body_buffer_size: eff.body_buffer.unwrap_or(DEFAULT_CLIENT_BODY_BUFFER_SIZE),
+            client_body_timeout_ms: eff.body_timeout.unwrap_or(DEFAULT_CLIENT_BODY_TIMEOUT_MS),
             upstream_tls,
             locations,
             source: d.span.to_string(),

@@ -22,8 +22,9 @@
 //! A kept-alive connection that took a request and then failed before
 //! answering (the server closed or reset it: its idle timeout met the
 //! request on the wire) costs the request only if it cannot be sent again:
-//! a request without a body whose method is not POST, PATCH or LOCK is sent
-//! again (its head as it was written), once, on a new connection, as nginx
+//! a request without a body, or with one read whole ([`Outgoing::Whole`]),
+//! whose method is not POST, PATCH or LOCK is sent again (its head as it
+//! was written), once, on a new connection, as nginx
 //! repeats a request whose cached connection failed
 //! (`ngx_http_upstream_next`: `u->peer.cached` with
 //! `NGX_HTTP_UPSTREAM_FT_ERROR` takes another try, and a request already
@@ -178,6 +179,25 @@ impl http_body::Body for UpstreamBody {
         match self {
             Self::H1(answer) => answer.size_hint(),
             Self::H2(incoming) => incoming.size_hint(),
+        }
+    }
+}
+
+/// A request's body as it goes to a server.
+pub(super) enum Outgoing {
+    /// Read whole before the request went (nginx's request buffering): it
+    /// can be sent again.
+    Whole(Bytes),
+    /// Carried as it arrives: it goes once.
+    Streamed(ReqBody),
+}
+
+impl Outgoing {
+    /// The body to send once.
+    fn into_body(self) -> ReqBody {
+        match self {
+            Self::Whole(bytes) => whole_body(bytes),
+            Self::Streamed(body) => body,
         }
     }
 }
@@ -355,16 +375,22 @@ impl Connections {
         dialer: &Dialer,
         server: usize,
         addr: &str,
-        req: Request<ReqBody>,
+        req: Request<Outgoing>,
         timeouts: Timeouts,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if dialer.h2 {
+            let req = req.map(Outgoing::into_body);
             return self.send_h2(dialer, server, addr, req, timeouts).await;
         }
         let (parts, body) = req.into_parts();
+        let whole = match &body {
+            Outgoing::Whole(bytes) => Some(bytes.clone()),
+            Outgoing::Streamed(_) => None,
+        };
+        let body = body.into_body();
         let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let (head, out) = h1::encode_head(&parts.method, path, &parts.headers, &body)?;
-        let repeatable = out == h1::Out::None && sendable_again(&parts.method);
+        let repeatable = (out == h1::Out::None || whole.is_some()) && sendable_again(&parts.method);
         let head_request = parts.method == Method::HEAD;
         let mut body = Some(body);
         // Set once the request reached a kept-alive connection that failed
@@ -388,7 +414,11 @@ impl Connections {
                     Err(e) => return Err(e.handing_back(body.take())),
                 },
             };
-            let b = body.take().unwrap_or_else(empty_body);
+            // Sent again: the body read whole once more, or none.
+            let b = body
+                .take()
+                .or_else(|| whole.clone().map(whole_body))
+                .unwrap_or_else(empty_body);
             match conn
                 .exchange(head.clone(), out, b, head_request, timeouts)
                 .await
@@ -462,6 +492,14 @@ impl Connections {
 /// nginx counts as non-idempotent (POST, PATCH, LOCK).
 pub(super) fn sendable_again(method: &Method) -> bool {
     !(*method == Method::POST || *method == Method::PATCH || method.as_str() == "LOCK")
+}
+
+/// A body read whole, as the exchange takes one.
+fn whole_body(bytes: Bytes) -> ReqBody {
+    use http_body_util::BodyExt as _;
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// The body of a request without one (or sent again: it had none); boxing

@@ -14,7 +14,10 @@
 //!    for (400 otherwise);
 //! 3. the location (exact, else the longest prefix, nested ones first; 404
 //!    when none or it passes nowhere);
-//! 4. `client_max_body_size` (413), then [`proxy::forward`] to the pool.
+//! 4. `client_max_body_size` (413), then [`proxy::forward`] to the pool,
+//!    which reads a body of up to `client_body_buffer_size` whole first
+//!    (`proxy_request_buffering`); a client that stops sending it for
+//!    `client_body_timeout` gets no answer ([`NoAnswer`]), as from nginx.
 //!
 //! Start at [`Ingress::compile`]; the listener calls [`Ingress::handle`] (see
 //! `listener/ingress.rs`) and falls back to the agent tunnel for
@@ -40,6 +43,7 @@ use rustls::pki_types::CertificateDer;
 use spinlink_nginx_compat as nginx;
 use spinlink_nginx_compat::{MatchKind, VerifyClient};
 
+pub use self::proxy::NoAnswer;
 use self::proxy::Pool;
 use self::tls::{ClientVerify, Reload, ReloadingServerTls, ServerTlsConfig};
 use self::vars::Template;
@@ -114,6 +118,8 @@ struct RouteTarget {
     timeouts: client::Timeouts,
     /// `None`: unlimited (`client_max_body_size 0`).
     max_body: Option<u64>,
+    /// `None`: bodies stream (`proxy_request_buffering off`, gRPC).
+    read_ahead: Option<proxy::ReadAhead>,
     location_path: String,
     exact: bool,
 }
@@ -404,11 +410,16 @@ impl Ingress {
         }
     }
 
-    /// Serves one request.
-    pub async fn handle(&self, req: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+    /// Serves one request: its answer, or [`NoAnswer`] when it ends
+    /// without one.
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Result<Response<Body>, NoAnswer> {
         let Ok(host) = request_host(&req) else {
             tracing::debug!(remote = %conn.remote, "client sent an invalid host");
-            return error_page(StatusCode::BAD_REQUEST, "400 Bad Request");
+            return Ok(error_page(StatusCode::BAD_REQUEST, "400 Bad Request"));
         };
         let si = self.server_for(host.as_deref(), conn);
         let server = &self.servers[si];
@@ -420,26 +431,32 @@ impl Ingress {
             && !sni.eq_ignore_ascii_case(h)
             && server.verify != VerifyClient::Off
         {
-            return error_page(StatusCode::MISDIRECTED_REQUEST, "421 Misdirected Request");
+            return Ok(error_page(
+                StatusCode::MISDIRECTED_REQUEST,
+                "421 Misdirected Request",
+            ));
         }
         match (server.verify, &conn.verify) {
             (VerifyClient::On, ClientVerify::None) => {
-                return error_page(
+                return Ok(error_page(
                     StatusCode::BAD_REQUEST,
                     "400 No required SSL certificate was sent",
-                );
+                ));
             }
             (VerifyClient::On | VerifyClient::Optional, ClientVerify::Failed(reason)) => {
                 tracing::info!(remote = %conn.remote, reason, "client certificate refused");
-                return error_page(StatusCode::BAD_REQUEST, "400 The SSL certificate error");
+                return Ok(error_page(
+                    StatusCode::BAD_REQUEST,
+                    "400 The SSL certificate error",
+                ));
             }
             _ => {}
         }
         let Some(route) = select(&server.routes, req.uri().path()) else {
-            return error_page(StatusCode::NOT_FOUND, "404 Not Found");
+            return Ok(error_page(StatusCode::NOT_FOUND, "404 Not Found"));
         };
         let Some(target) = &route.target else {
-            return error_page(StatusCode::NOT_FOUND, "404 Not Found");
+            return Ok(error_page(StatusCode::NOT_FOUND, "404 Not Found"));
         };
         if let Some(max) = target.max_body
             && let Some(len) = req
@@ -449,10 +466,10 @@ impl Ingress {
                 .and_then(|v| v.parse::<u64>().ok())
             && len > max
         {
-            return error_page(
+            return Ok(error_page(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "413 Request Entity Too Large",
-            );
+            ));
         }
         let host = host.unwrap_or_else(|| server.first_name.clone());
         proxy::forward(target_ctx(target, server, conn, &host), req).await
@@ -474,6 +491,7 @@ fn target_ctx<'a>(
         headers: &target.headers,
         timeouts: target.timeouts,
         max_body: target.max_body,
+        read_ahead: target.read_ahead,
         host,
         server_name: &server.first_name,
         conn,
@@ -583,6 +601,10 @@ fn compile_location(
                     read: Duration::from_millis(l.read_timeout_ms.max(1)),
                 },
                 max_body: l.client_max_body_size.filter(|&n| n > 0),
+                read_ahead: l.request_buffering.then(|| proxy::ReadAhead {
+                    size: usize::try_from(l.client_body_buffer_size).unwrap_or(usize::MAX),
+                    timeout: Duration::from_millis(l.client_body_timeout_ms.max(1)),
+                }),
                 location_path: l.path.clone(),
                 exact: l.match_kind == MatchKind::Exact,
             })

@@ -485,6 +485,154 @@ server {{
     running.stop().await;
 }
 
+/// An upstream that answers with how the request's body came (its
+/// `Content-Length` and `Transfer-Encoding`) and the body itself, and counts
+/// the connections it accepted.
+async fn framing_echo() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = tcp.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let (parts, body) = req.into_parts();
+                    let h = |n| {
+                        parts
+                            .headers
+                            .get(n)
+                            .map_or("-", |v| v.to_str().unwrap_or("?"))
+                            .to_owned()
+                    };
+                    let (cl, te) = (
+                        h(http::header::CONTENT_LENGTH),
+                        h(http::header::TRANSFER_ENCODING),
+                    );
+                    let body = body.collect().await?.to_bytes();
+                    let text = format!("cl={cl} te={te} {}", String::from_utf8_lossy(&body));
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(text))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// What a raw HTTP/1.1 client that writes `parts` one after another reads
+/// back until the gateway closes the connection.
+async fn raw_exchange(addr: std::net::SocketAddr, parts: &[&[u8]]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for part in parts {
+        tcp.write_all(part).await.unwrap();
+        tcp.flush().await.unwrap();
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tcp.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the gateway answers or closes within 10 s")
+    .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// nginx's `proxy_request_buffering on` (its default): a body is read whole
+/// before any upstream is dialled and goes with its length, however the
+/// client framed it; a client that stops sending it for
+/// `client_body_timeout` is answered with nothing (the connection closed,
+/// as nginx 1.22.1 ends such a request: `ngx_http_finalize_request` with
+/// 408 terminates it) and no upstream ever saw it. A body larger than
+/// `client_body_buffer_size` streams (what was read first, then the rest);
+/// `proxy_request_buffering off` streams it all; `client_max_body_size`
+/// still bounds a body without a length while it is read ahead.
+#[tokio::test]
+async fn a_body_is_read_whole_before_its_upstream_and_a_stalled_one_gets_no_answer() {
+    let (echo, accepted) = framing_echo().await;
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+upstream app {{ server {echo}; }}
+server {{
+    listen 127.0.0.1:{port};
+    server_name app.test;
+    client_body_timeout 300ms;
+    location /read/ {{ proxy_pass http://app; client_max_body_size 20; }}
+    location /big/ {{ proxy_pass http://app; client_body_buffer_size 8; }}
+    location /stream/ {{ proxy_pass http://app; proxy_request_buffering off; }}
+}}
+}}"#
+    );
+    let running = Running::start(config_from_nginx(&nginx, "")).await;
+    let addr = running.addr;
+
+    // Half a body, then nothing: no answer, and nothing went upstream.
+    let stalled = raw_exchange(
+        addr,
+        &[b"POST /read/a HTTP/1.1\r\nhost: app.test\r\ncontent-length: 10\r\n\r\nhello"],
+    )
+    .await;
+    assert_eq!(stalled, "", "a stalled body is answered with nothing");
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no upstream connection for a body that never came whole"
+    );
+
+    let chunked = |path: &str, chunks: &[&str]| {
+        let mut text = format!(
+            "POST {path} HTTP/1.1\r\nhost: app.test\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        for c in chunks {
+            text.push_str(&format!("{:x}\r\n{c}\r\n", c.len()));
+        }
+        text.push_str("0\r\n\r\n");
+        text
+    };
+    // Chunked, read whole: the upstream gets its length.
+    let answer = raw_exchange(
+        addr,
+        &[chunked("/read/b", &["hello", " ", "world"]).as_bytes()],
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("cl=11 te=- hello world"), "{answer}");
+    // Past the buffer: streamed, nothing lost or reordered.
+    let answer = raw_exchange(
+        addr,
+        &[chunked("/big/c", &["0123456", "789ab", "cdef"]).as_bytes()],
+    )
+    .await;
+    assert!(
+        answer.ends_with("cl=- te=chunked 0123456789abcdef"),
+        "{answer}"
+    );
+    // Request buffering off: streamed as it comes.
+    let answer = raw_exchange(addr, &[chunked("/stream/d", &["hi"]).as_bytes()]).await;
+    assert!(answer.ends_with("cl=- te=chunked hi"), "{answer}");
+    // A body without a length past client_max_body_size while read ahead.
+    let answer = raw_exchange(
+        addr,
+        &[chunked("/read/e", &["0123456789", "0123456789", "x"]).as_bytes()],
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // Declared lengths go as they are.
+    let answer = raw_exchange(
+        addr,
+        &[b"PUT /read/f HTTP/1.1\r\nhost: app.test\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc"],
+    )
+    .await;
+    assert!(answer.ends_with("cl=3 te=- abc"), "{answer}");
+    running.stop().await;
+}
+
 /// `listener.idleTimeoutSeconds` on an ingress connection: closed once it
 /// has gone that long without a request, counted as an idle refusal; a
 /// connection that keeps sending requests stays open past it.

@@ -156,7 +156,7 @@ impl Connection {
                         && req.uri().path().starts_with(TUNNEL_PREFIX)
                         && !ingress.claims(&req, &conn);
                     let response = if !to_tunnel {
-                        ingress.handle(req, &conn).await
+                        ingress.handle(req, &conn).await?
                     } else if let Some(peer) = &peer {
                         tunnel::handle(shared, peer, req).await
                     } else {
@@ -166,7 +166,7 @@ impl Connection {
                     };
                     // The answer's body as it is, beside the guard: no
                     // second box around the one it has.
-                    Ok::<_, std::convert::Infallible>(response.map(|body| GuardedBody {
+                    Ok::<_, crate::ingress::NoAnswer>(response.map(|body| GuardedBody {
                         inner: body,
                         _guard: guard,
                     }))

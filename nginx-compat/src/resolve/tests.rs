@@ -689,11 +689,76 @@ fn send_timeouts() {
 }
 
 #[test]
-fn a_model_without_connect_or_send_timeouts_gets_nginx_defaults() {
+fn request_buffering_with_its_buffer_and_timeout() {
+    let l = location("location / { proxy_pass http://a:1; }");
+    assert!(l.request_buffering);
+    assert_eq!(
+        (l.client_body_buffer_size, l.client_body_timeout_ms),
+        (
+            DEFAULT_CLIENT_BODY_BUFFER_SIZE,
+            DEFAULT_CLIENT_BODY_TIMEOUT_MS
+        )
+    );
+    // Inherited from http and server, a location's own wins.
+    let p = ok("proxy_request_buffering off; client_body_buffer_size 64k;
+                server { listen 80; client_body_timeout 5s;
+                    location / { proxy_pass http://a:1; }
+                    location /up/ { proxy_pass http://a:1; proxy_request_buffering on;
+                        client_body_buffer_size 1m; client_body_timeout 1s; } }");
+    let s = &p.ingress.servers[0].locations;
+    assert_eq!(
+        (
+            s[0].request_buffering,
+            s[0].client_body_buffer_size,
+            s[0].client_body_timeout_ms
+        ),
+        (false, 64 << 10, 5_000)
+    );
+    assert_eq!(
+        (
+            s[1].request_buffering,
+            s[1].client_body_buffer_size,
+            s[1].client_body_timeout_ms
+        ),
+        (true, 1 << 20, 1_000)
+    );
+    // gRPC streams are never read ahead, whatever the setting.
+    assert!(
+        !location("proxy_request_buffering on; location / { grpc_pass a:1; }").request_buffering
+    );
+    assert_eq!(
+        err("client_body_buffer_size lots;"),
+        format!(
+            "\"client_body_buffer_size\" directive invalid value {}",
+            at(3)
+        )
+    );
+    assert_eq!(
+        err("client_body_timeout 1s;\nclient_body_timeout 2s;"),
+        format!("\"client_body_timeout\" directive is duplicate {}", at(4))
+    );
+    assert_eq!(
+        err("proxy_request_buffering on;\nproxy_request_buffering off;"),
+        format!(
+            "\"proxy_request_buffering\" directive is duplicate {}",
+            at(4)
+        )
+    );
+}
+
+#[test]
+fn a_model_without_newer_settings_gets_nginx_defaults() {
     let p = ok("server { listen 80; location / { proxy_pass http://a:1; \
-                proxy_connect_timeout 3s; proxy_send_timeout 4s; } }");
+                proxy_connect_timeout 3s; proxy_send_timeout 4s; proxy_request_buffering off; \
+                client_body_buffer_size 1k; client_body_timeout 2s; } }");
     let yaml = serde_norway::to_string(&p.ingress).unwrap();
-    let newer = ["connectTimeoutMs: 3000", "sendTimeoutMs: 4000"];
+    let newer = [
+        "connectTimeoutMs: 3000",
+        "sendTimeoutMs: 4000",
+        "requestBuffering: false",
+        "clientBodyBufferSize: 1024",
+        "clientBodyTimeoutMs: 2000",
+    ];
     for line in newer {
         assert!(yaml.contains(line), "{yaml}");
     }
@@ -708,6 +773,18 @@ fn a_model_without_connect_or_send_timeouts_gets_nginx_defaults() {
     assert_eq!(
         (l.connect_timeout_ms, l.send_timeout_ms),
         (DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_SEND_TIMEOUT_MS)
+    );
+    assert_eq!(
+        (
+            l.request_buffering,
+            l.client_body_buffer_size,
+            l.client_body_timeout_ms
+        ),
+        (
+            true,
+            DEFAULT_CLIENT_BODY_BUFFER_SIZE,
+            DEFAULT_CLIENT_BODY_TIMEOUT_MS
+        )
     );
 }
 
