@@ -165,6 +165,7 @@ http {{
     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
     proxy_set_header X-Forwarded-Proto $scheme;
     client_max_body_size 8m;
+    send_timeout 2s;
     set_real_ip_from 127.0.0.1;
     real_ip_header proxy_protocol;
 
@@ -428,6 +429,12 @@ async fn echo(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
     if req.uri().path().starts_with("/slow") {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
+    if req.uri().path() == "/big-answer" {
+        return Ok(Response::new(Full::new(Bytes::from(vec![
+            b'x';
+            BIG_ANSWER
+        ]))));
+    }
     let seen = format!(
         "method={}\nuri={}\nhost={}\nxff={}\nxfp={}\nxri={}\nssl-cert={}\nupgrade={}\n\
          x-twice={}\nx-empty-first={}\nx-empty-last={}\n",
@@ -458,6 +465,10 @@ async fn echo(mut req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The echo's answer to `/big-answer`: far more than the sockets between
+/// a client and the upstream hold.
+const BIG_ANSWER: usize = 64 << 20;
 
 /// h2c gRPC echo: every request message comes back as it arrives, then
 /// `grpc-status: 0` (or the status the path asks for).
@@ -920,6 +931,47 @@ async fn upgrade(addr: SocketAddr) -> Outcome {
         status,
         headers: Vec::new(),
         body: format!("{seen} / {}", String::from_utf8_lossy(&echo)),
+    }
+}
+
+/// A client that asks for [`BIG_ANSWER`] bytes and reads none for longer
+/// than `send_timeout`, then reads what is left: the status, and whether
+/// the whole answer came (the front closes the connection when its
+/// `send_timeout` runs out).
+async fn slow_reader(addr: SocketAddr) -> Outcome {
+    let mut s = tls(addr, "deck.test", false, None).await;
+    s.write_all(b"GET /big-answer HTTP/1.1\r\nHost: deck.test\r\n\r\n")
+        .await
+        .unwrap();
+    // Not reading is the behaviour under test: 2 s of send_timeout, and
+    // time for the sockets to fill first.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Until the whole answer (head and body) is in, or the connection ends.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while got.len() <= BIG_ANSWER {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    let status = String::from_utf8_lossy(&got[..got.len().min(12)])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Outcome {
+        status,
+        headers: Vec::new(),
+        body: format!(
+            "whole answer: {}, connection ended: {ended}",
+            got.len() > BIG_ANSWER
+        ),
     }
 }
 
@@ -1451,6 +1503,16 @@ async fn nginx_and_the_gateway_answer_alike() {
         ));
     } else {
         eprintln!("same: kept-alive connection failing: {:?}", n.0);
+    }
+    let (n, g) = tokio::join!(slow_reader(nginx_addr), slow_reader(gw_addr));
+    assert!(
+        !n.body.starts_with("whole answer: true"),
+        "nginx sent the whole answer to a client that read nothing: the case tests nothing ({n:?})"
+    );
+    if n != g {
+        differences.push(format!("slow reader:\n  nginx:   {n:?}\n  gateway: {g:?}"));
+    } else {
+        eprintln!("same: slow reader: {} {:?}", n.status, n.body);
     }
     let (n, g) = (upgrade(nginx_addr).await, upgrade(gw_addr).await);
     if n != g {

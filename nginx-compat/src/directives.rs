@@ -128,6 +128,9 @@ pub(crate) const HANDLED: &[Spec] = &[
     spec("client_body_buffer_size", HSL, false, T1),
     spec("client_body_timeout", HSL, false, T1),
     spec("proxy_request_buffering", HSL, false, Arity::Flag),
+    // In `http` only (one value for every connection); in a server or
+    // location it is refused as outside the subset.
+    spec("send_timeout", HSL, false, T1),
     spec("set_real_ip_from", HSL, false, T1),
     spec("real_ip_header", HSL, false, T1),
 ];
@@ -222,7 +225,6 @@ pub(crate) const OUTSIDE_SUBSET: &[&str] = &[
     "rewrite",
     "root",
     "satisfy",
-    "send_timeout",
     "ssl_ciphers",
     "ssl_dhparam",
     "ssl_stapling",

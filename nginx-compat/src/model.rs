@@ -22,6 +22,12 @@ pub struct Ingress {
     pub servers: Vec<Server>,
     /// `upstream` blocks, in file order.
     pub upstreams: Vec<Upstream>,
+    /// `send_timeout` of the `http` block, in milliseconds: how long a
+    /// client may take nothing the gateway writes to it before its
+    /// connection is closed. `None`: nginx's default, 60 s
+    /// ([`crate::resolve::DEFAULT_CLIENT_SEND_TIMEOUT_MS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_send_timeout_ms: Option<u64>,
 }
 
 /// A `server` block.

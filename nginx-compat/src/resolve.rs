@@ -35,6 +35,8 @@ pub const DEFAULT_TLS_PROTOCOLS: [TlsProtocol; 2] = [TlsProtocol::TlsV1_2, TlsPr
 /// platforms; beyond it nginx writes the body to a file, and the gateway,
 /// which writes no files, streams the rest).
 pub const DEFAULT_CLIENT_BODY_BUFFER_SIZE: u64 = 16 * 1024;
+/// nginx's `send_timeout` default: 60s.
+pub const DEFAULT_CLIENT_SEND_TIMEOUT_MS: u64 = 60_000;
 /// nginx's `client_body_timeout` default: 60s.
 pub const DEFAULT_CLIENT_BODY_TIMEOUT_MS: u64 = 60_000;
 /// The port of a `listen` or upstream `server` without one.
@@ -378,6 +380,14 @@ impl Resolver<'_> {
                 };
                 set_once(slot, size, d)?;
             }
+            // The `http` block's is read in `http`; the gateway times every
+            // connection alike, before it knows the request's location.
+            "send_timeout" => {
+                return Err(outside(
+                    "send_timeout in a server or location block (the gateway applies the http block's to every connection)".into(),
+                    &d.span,
+                ));
+            }
             "proxy_request_buffering" => {
                 let on = values::parse_flag(arg0(d)).unwrap_or_default();
                 set_once(&mut conf.request_buffering, on, d)?;
@@ -520,6 +530,7 @@ impl Resolver<'_> {
         let mut conf = Conf::default();
         let mut servers = Vec::new();
         let mut upstreams = Vec::new();
+        let mut send_timeout = None;
         for d in block {
             if self.check(d, Ctx::HTTP)?.is_none() {
                 continue;
@@ -527,6 +538,10 @@ impl Resolver<'_> {
             match d.name.as_str() {
                 "server" => servers.push(d),
                 "upstream" => upstreams.push(self.upstream(d)?),
+                "send_timeout" => {
+                    let ms = values::parse_msec(arg0(d)).ok_or_else(|| invalid_slot(d))?;
+                    set_once(&mut send_timeout, ms, d)?;
+                }
                 _ => {
                     self.common(d, &mut conf)?;
                 }
@@ -537,7 +552,11 @@ impl Resolver<'_> {
             .map(|d| self.server(d, &conf))
             .collect::<Result<Vec<_>>>()?;
         self.check_listens(&servers)?;
-        Ok(Ingress { servers, upstreams })
+        Ok(Ingress {
+            servers,
+            upstreams,
+            client_send_timeout_ms: send_timeout,
+        })
     }
 
     fn upstream(&mut self, d: &Directive) -> Result<Upstream> {

@@ -141,6 +141,8 @@ pub struct Ingress {
     default: usize,
     /// Any server listens with `ssl`.
     tls: bool,
+    /// `send_timeout` for every connection.
+    send_timeout: Duration,
 }
 
 /// What the listener learned about a connection, for every request on it.
@@ -287,7 +289,19 @@ impl Ingress {
             servers,
             default: default.unwrap_or(0),
             tls: tls_any,
+            send_timeout: Duration::from_millis(
+                model
+                    .client_send_timeout_ms
+                    .unwrap_or(nginx::resolve::DEFAULT_CLIENT_SEND_TIMEOUT_MS)
+                    .max(1),
+            ),
         })
+    }
+
+    /// nginx's `send_timeout`: how long a client may take nothing written
+    /// to it before its connection is closed.
+    pub fn send_timeout(&self) -> Duration {
+        self.send_timeout
     }
 
     /// Whether connections are TLS.

@@ -19,6 +19,7 @@ fn free_port() -> u16 {
 /// A gateway serving in the background, stopped by [`Running::stop`].
 struct Running {
     addr: std::net::SocketAddr,
+    stats: Arc<crate::stats::Stats>,
     shutdown: CancellationToken,
     run: tokio::task::JoinHandle<crate::Result<()>>,
 }
@@ -27,10 +28,12 @@ impl Running {
     async fn start(config: crate::Config) -> Running {
         let gateway = crate::Gateway::bind(config).await.unwrap();
         let addr = gateway.local_addr();
+        let stats = gateway.stats();
         let shutdown = CancellationToken::new();
         let run = tokio::spawn(gateway.run(shutdown.clone()));
         Running {
             addr,
+            stats,
             shutdown,
             run,
         }
@@ -649,12 +652,14 @@ server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
 }}"#
     );
     let config = config_from_nginx(&nginx, "listener:\n  idleTimeoutSeconds: 1\n");
-    let gateway = crate::Gateway::bind(config).await.unwrap();
-    let addr = gateway.local_addr();
-    let stats = gateway.stats();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(gateway.run(shutdown.clone()));
-    let idle_refusals = || stats.metrics().refusals(crate::stats::Refusal::Idle);
+    let running = Running::start(config).await;
+    let addr = running.addr;
+    let idle_refusals = || {
+        running
+            .stats
+            .metrics()
+            .refusals(crate::stats::Refusal::Idle)
+    };
 
     // Busy: a request every 300 ms for 2 s, on one kept-alive connection.
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -696,13 +701,80 @@ server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
         .expect("closed by the gateway");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     assert_eq!(idle_refusals(), 2);
+    running.stop().await;
+}
 
-    shutdown.cancel();
-    tokio::time::timeout(std::time::Duration::from_secs(10), run)
+/// nginx's `send_timeout`: a client that asks for a large answer and then
+/// reads nothing is cut off once the gateway's writes to it have waited
+/// that long, counted as `send_timeout`, and the upstream connection the
+/// answer held goes with it (the upstream's own writes fail), where before
+/// nothing ended such a connection.
+#[tokio::test]
+async fn a_client_that_reads_nothing_is_cut_off_after_send_timeout_and_frees_its_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // Far more than the sockets between the three can hold.
+    const ANSWER: usize = 64 << 20;
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = tcp.local_addr().unwrap();
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = tcp.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        let wrote = async {
+            s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-length: {ANSWER}\r\n\r\n").as_bytes())
+                .await?;
+            let chunk = vec![b'x'; 64 << 10];
+            for _ in 0..ANSWER / chunk.len() {
+                s.write_all(&chunk).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        let _ = done_tx.send(wrote.await);
+    });
+    let port = free_port();
+    let nginx = format!(
+        r#"events {{}} http {{
+send_timeout 1s;
+upstream app {{ server {upstream}; }}
+server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
+}}"#
+    );
+    let running = Running::start(config_from_nginx(&nginx, "")).await;
+    let mut client = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nhost: app.test\r\n\r\n")
         .await
-        .expect("drains")
-        .unwrap()
         .unwrap();
+    // The client reads nothing: the upstream's writes end once the gateway
+    // has given up on the client and dropped the answer.
+    let wrote = tokio::time::timeout(std::time::Duration::from_secs(30), done)
+        .await
+        .expect("the upstream's connection is closed under its writes")
+        .unwrap();
+    assert!(wrote.is_err(), "the whole answer went out: {wrote:?}");
+    assert_eq!(
+        running
+            .stats
+            .metrics()
+            .refusals(crate::stats::Refusal::SendTimeout),
+        1
+    );
+    // What the client then reads ends short of the answer.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read_to_end(&mut got),
+    )
+    .await
+    .expect("the connection is closed");
+    assert!(got.len() < ANSWER, "{read:?}: {} bytes", got.len());
+    running.stop().await;
 }
 
 #[test]

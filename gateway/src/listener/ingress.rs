@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::activity::{Activity, GuardedBody};
+use super::send_timeout::SendTimed;
 use super::{Connection, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Prefixed};
 use crate::ingress::tls::ClientVerify;
 use crate::ingress::{ConnInfo, Ingress};
@@ -137,6 +138,7 @@ impl Connection {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let remote = conn.remote;
+        let io = SendTimed::new(io, ingress.send_timeout(), self.shared.stats.clone());
         let control = peer.as_ref().map(|p| p.control.clone());
         let conn = Arc::new(conn);
         let peer = peer.map(Arc::new);

@@ -40,6 +40,7 @@ pub mod limits;
 pub mod log_summary;
 pub mod prefixed;
 pub mod proxy_protocol;
+mod send_timeout;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -82,11 +82,14 @@ pub enum Refusal {
     /// The identity cancelled more carried streams before their answer
     /// than `listener.cancelsPerSecond` allows: GOAWAY `ENHANCE_YOUR_CALM`.
     Cancels,
+    /// An ingress client took nothing the gateway wrote for the ingress's
+    /// `send_timeout`: the connection was closed.
+    SendTimeout,
 }
 
 impl Refusal {
     /// Every reason, for tests and dashboards.
-    pub const ALL: [Refusal; 25] = [
+    pub const ALL: [Refusal; 26] = [
         Self::MaxConnections,
         Self::HandshakeRate,
         Self::HandshakeSourceRate,
@@ -112,6 +115,7 @@ impl Refusal {
         Self::Glitches,
         Self::MemoryBudget,
         Self::Cancels,
+        Self::SendTimeout,
     ];
 
     /// The label value.
@@ -141,6 +145,7 @@ impl Refusal {
             Self::WindowOverflow => "window_overflow",
             Self::Glitches => "glitches",
             Self::Cancels => "cancels",
+            Self::SendTimeout => "send_timeout",
             Self::MemoryBudget => "memory_budget",
         }
     }

@@ -747,6 +747,34 @@ fn request_buffering_with_its_buffer_and_timeout() {
 }
 
 #[test]
+fn send_timeout_is_the_http_blocks() {
+    let p = ok("server { listen 80; location / { proxy_pass http://a:1; } }");
+    assert_eq!(p.ingress.client_send_timeout_ms, None);
+    let p = ok("send_timeout 2m; server { listen 80; location / { proxy_pass http://a:1; } }");
+    assert_eq!(p.ingress.client_send_timeout_ms, Some(120_000));
+    // nginx takes it in a server or location too; the gateway times every
+    // connection alike, so it says so rather than ignore it.
+    for conf in [
+        "server { listen 80; send_timeout 5s; }",
+        "server { listen 80; location / { send_timeout 5s; } }",
+    ] {
+        let e = err(conf);
+        assert!(
+            e.contains("send_timeout in a server or location block") && e.contains("outside"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        err("send_timeout soon;"),
+        format!("\"send_timeout\" directive invalid value {}", at(3))
+    );
+    assert_eq!(
+        err("send_timeout 1s;\nsend_timeout 2s;"),
+        format!("\"send_timeout\" directive is duplicate {}", at(4))
+    );
+}
+
+#[test]
 fn a_model_without_newer_settings_gets_nginx_defaults() {
     let p = ok("server { listen 80; location / { proxy_pass http://a:1; \
                 proxy_connect_timeout 3s; proxy_send_timeout 4s; proxy_request_buffering off; \
