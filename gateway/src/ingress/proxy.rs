@@ -643,7 +643,7 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
                     ));
                 }
                 Err(ReadFailure::TimedOut) => {
-                    tracing::info!(remote = %ctx.conn.remote, "client timed out sending its request body");
+                    tracing::debug!(remote = %ctx.conn.remote, "client timed out sending its request body");
                     return Err(NoAnswer("client_body_timeout: the request body stopped"));
                 }
                 Err(ReadFailure::Client(e)) => {

@@ -777,6 +777,74 @@ server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://app; }} }}
     running.stop().await;
 }
 
+/// The HTTP/2 settings an ingress connection opens with, as the first
+/// SETTINGS frame a client reads after its preface.
+async fn server_settings(addr: std::net::SocketAddr) -> Vec<(u16, u32)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The preface and an empty SETTINGS frame (prior knowledge, h2c).
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.unwrap();
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        // SETTINGS without ACK.
+        if head[3] == 4 && head[4] & 1 == 0 {
+            return payload
+                .chunks_exact(6)
+                .map(|s| {
+                    (
+                        u16::from_be_bytes([s[0], s[1]]),
+                        u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+                    )
+                })
+                .collect();
+        }
+    }
+}
+
+/// An ingress client without an agent's identity may open nginx's 128
+/// streams at once (`http2_max_concurrent_streams`), not the thousands the
+/// listener allows an agent; a listener set lower keeps its own bound.
+#[tokio::test]
+async fn ingress_clients_get_nginx_stream_bound_over_http2() {
+    const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    let upstream = head_echo().await;
+    let nginx = |port: u16| {
+        format!(
+            r#"events {{}} http {{
+upstream app {{ server {upstream}; }}
+server {{ listen 127.0.0.1:{port} http2; location / {{ proxy_pass http://app; }} }}
+}}"#
+        )
+    };
+    let running = Running::start(config_from_nginx(&nginx(free_port()), "")).await;
+    let settings = server_settings(running.addr).await;
+    assert!(
+        settings.contains(&(
+            MAX_CONCURRENT_STREAMS,
+            crate::listener::ingress::INGRESS_MAX_CONCURRENT_STREAMS
+        )),
+        "{settings:?}"
+    );
+    running.stop().await;
+    let running = Running::start(config_from_nginx(
+        &nginx(free_port()),
+        "listener:\n  maxConcurrentStreams: 7\n",
+    ))
+    .await;
+    let settings = server_settings(running.addr).await;
+    assert!(
+        settings.contains(&(MAX_CONCURRENT_STREAMS, 7)),
+        "{settings:?}"
+    );
+    running.stop().await;
+}
+
 #[test]
 fn converted_certificate_paths_are_absolute_against_the_conf_prefix() {
     let parsed = parse_str(

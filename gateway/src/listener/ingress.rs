@@ -33,6 +33,22 @@ use crate::tunnel::{self, ConnPeer, ControlSlot};
 /// cookies (nginx's `large_client_header_buffers` allows 4 × 8 KiB lines).
 pub const INGRESS_MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
 
+/// HTTP/2 streams a client without an agent's identity may have open at
+/// once on an ingress connection: nginx's `http2_max_concurrent_streams`
+/// default (the listener's `maxConcurrentStreams`, sized for agents, when
+/// lower).
+pub const INGRESS_MAX_CONCURRENT_STREAMS: u32 = 128;
+
+/// What the gateway holds of one such stream's answer that the client has
+/// not taken yet (hyper's default is 400 KiB): with the stream bound, at
+/// most 8 MiB per connection for a client that stops reading, until
+/// `send_timeout` ends it. nginx holds 8 × 4 KiB (`proxy_buffers`) per
+/// request in memory.
+const INGRESS_MAX_SEND_BUF: usize = 64 * 1024;
+
+/// The same for a verified agent's tunnel streams: hyper's default.
+const AGENT_MAX_SEND_BUF: usize = 400 * 1024;
+
 /// Path prefix of the agent tunnel's gRPC methods.
 const TUNNEL_PREFIX: &str = "/spinlink.v1.";
 
@@ -144,6 +160,17 @@ impl Connection {
         let peer = peer.map(Arc::new);
         let shared = self.shared.clone();
         let tunnel_served = !shared.upstreams.is_empty();
+        // Browsers and API clients get nginx's bounds; a verified agent the
+        // listener's, sized for its many streams.
+        let (max_streams, max_send_buf) = match &peer {
+            None => (
+                self.settings
+                    .max_concurrent_streams
+                    .min(INGRESS_MAX_CONCURRENT_STREAMS),
+                INGRESS_MAX_SEND_BUF,
+            ),
+            Some(_) => (self.settings.max_concurrent_streams, AGENT_MAX_SEND_BUF),
+        };
         let activity = Activity::new();
         let streams = activity.clone();
         let service =
@@ -184,7 +211,8 @@ impl Connection {
             .timer(TokioTimer::new())
             .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
             .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
-            .max_concurrent_streams(self.settings.max_concurrent_streams)
+            .max_concurrent_streams(max_streams)
+            .max_send_buf_size(max_send_buf)
             .max_header_list_size(INGRESS_MAX_HEADER_LIST_SIZE);
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
         let mut conn = std::pin::pin!(conn);
