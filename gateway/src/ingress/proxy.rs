@@ -604,9 +604,11 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
     // The body read whole ahead of the upstream, when it was: it can be
     // sent again, and goes with its length.
     let mut whole = None;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = || {
+        headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    };
     let limited = |inner: Incoming, read: u64| match ctx.max_body {
         Some(max) if !content_length => Limited {
             inner,
@@ -618,8 +620,10 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
     let mut body = Some(match ctx.read_ahead {
         // Nothing to carry: a body that needs no box of its own.
         _ if !has_body => Outgoing::Streamed(super::client::empty_body()),
-        Some(ahead) if !upgrade && declared.is_none_or(|n| n <= ahead.size as u64) => {
-            match read_ahead(body, ahead, ctx.max_body).await {
+        Some(ahead) if !upgrade && declared().is_none_or(|n| n <= ahead.size as u64) => {
+            // Boxed: its state (a timer among it) would otherwise make every
+            // request's future as large, bodies or not.
+            match Box::pin(read_ahead(body, ahead, ctx.max_body)).await {
                 Ok(ReadBody::Whole(bytes)) => {
                     // Sent with its length, as nginx sends a body it read.
                     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));

@@ -44,21 +44,31 @@ impl<I> SendTimed<I> {
 
     /// What a write that returned `poll` comes to: made progress (the timer
     /// dropped), or waits — failing once it has waited for the timeout.
+    #[inline]
     fn timed<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         if poll.is_ready() {
-            self.stalled = None;
+            if self.stalled.is_some() {
+                self.stalled = None;
+            }
             return poll;
         }
+        self.waiting(cx).map(Err)
+    }
+
+    /// A write waits: the timer started if it is not running, and the
+    /// error once it has run out.
+    #[cold]
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         let timeout = self.timeout;
         let stalled = self
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
         ready!(stalled.as_mut().poll(cx));
         self.stats.refuse(Refusal::SendTimeout);
-        Poll::Ready(Err(io::Error::new(
+        Poll::Ready(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("the client took nothing written for send_timeout ({timeout:?})"),
-        )))
+        ))
     }
 }
 
