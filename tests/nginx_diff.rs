@@ -6,8 +6,10 @@
 //! HTTP/1.1 echo server that also takes WebSocket-style upgrades, and an h2c
 //! gRPC echo server). The same requests go to both — HTTP/1.1 and HTTP/2, gRPC
 //! unary and bidi, accepted, missing and refused client certificates, unknown
-//! host and path, oversized bodies, an upstream whose kept-alive connections
-//! fail under their second request, upstream answers framed every way
+//! host and path, oversized bodies, bodies that stall half-way, a client
+//! that stops reading a large answer, an upstream whose kept-alive
+//! connections fail under their second request (bodies sent again or not),
+//! upstream answers framed every way
 //! ([`RAW_ANSWERS`]) — and the outcomes (status, selected headers, bodies;
 //! for that upstream, also the requests it saw on each of its connections)
 //! must be equal. Differences that remain by design are in docs/ingress.md
@@ -1232,8 +1234,7 @@ async fn nginx_and_the_gateway_answer_alike() {
             true,
         ),
         // A body that stops half-way: no answer after client_body_timeout
-        // (nginx closes the connection, or resets the HTTP/2 stream), and
-        // nothing reaches the upstream.
+        // (nginx closes the connection, or resets the HTTP/2 stream).
         (
             "stalled upload",
             Req {
