@@ -255,6 +255,12 @@ http {{
             proxy_set_header Upgrade $http_upgrade;
             proxy_set_header Connection "upgrade";
         }}
+        location /ws-idle {{
+            proxy_pass http://deck;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 1s;
+        }}
         location /twice/ {{
             proxy_pass http://deck;
             # A location's own settings replace the inherited ones; these
@@ -890,10 +896,13 @@ async fn grpc(
 }
 
 /// An HTTP/1.1 upgrade, then bytes both ways over the upgraded connection.
-async fn upgrade(addr: SocketAddr) -> Outcome {
+async fn upgrade(addr: SocketAddr, path: &str, pauses: &[Duration]) -> Outcome {
     let mut s = tls(addr, "deck.test", false, None).await;
     s.write_all(
-        b"GET /ws HTTP/1.1\r\nHost: deck.test\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n",
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: deck.test\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();
@@ -923,16 +932,33 @@ async fn upgrade(addr: SocketAddr) -> Outcome {
             body: seen,
         };
     }
-    s.write_all(b"ping-1").await.unwrap();
-    let mut echo = [0u8; 6];
-    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
-        .await
-        .expect("echo over the upgraded connection")
-        .unwrap();
+    // A ping after each pause (the pauses are the behaviour under test:
+    // how long the upgraded connection may be quiet), and what came back.
+    let mut echoes = Vec::new();
+    for (i, pause) in pauses.iter().enumerate() {
+        tokio::time::sleep(*pause).await;
+        let ping = format!("ping-{i}");
+        let mut echo = vec![0u8; ping.len()];
+        let echoed = async {
+            s.write_all(ping.as_bytes()).await?;
+            s.read_exact(&mut echo).await
+        };
+        match tokio::time::timeout(Duration::from_secs(5), echoed).await {
+            Ok(Ok(_)) => echoes.push(String::from_utf8_lossy(&echo).into_owned()),
+            Ok(Err(_)) => {
+                echoes.push("closed".to_owned());
+                break;
+            }
+            Err(_) => {
+                echoes.push("no echo within 5 s".to_owned());
+                break;
+            }
+        }
+    }
     Outcome {
         status,
         headers: Vec::new(),
-        body: format!("{seen} / {}", String::from_utf8_lossy(&echo)),
+        body: format!("{seen} / {}", echoes.join(" ")),
     }
 }
 
@@ -1515,11 +1541,29 @@ async fn nginx_and_the_gateway_answer_alike() {
     } else {
         eprintln!("same: slow reader: {} {:?}", n.status, n.body);
     }
-    let (n, g) = (upgrade(nginx_addr).await, upgrade(gw_addr).await);
-    if n != g {
-        differences.push(format!("upgrade:\n  nginx:   {n:?}\n  gateway: {g:?}"));
-    } else {
-        eprintln!("same: upgrade: {} {:?}", n.status, n.body);
+    // An upgraded connection ends once nothing has moved either way for the
+    // location's proxy_read_timeout (1 s on /ws-idle); traffic keeps it up.
+    let quiet = Duration::from_millis(2000);
+    let busy = [Duration::from_millis(400); 5];
+    let upgrades: [(&str, &str, &[Duration]); 3] = [
+        ("upgrade", "/ws", &[Duration::ZERO]),
+        (
+            "upgrade, quiet past the read timeout",
+            "/ws-idle",
+            &[Duration::ZERO, quiet],
+        ),
+        ("upgrade, busy past the read timeout", "/ws-idle", &busy),
+    ];
+    for (name, path, pauses) in upgrades {
+        let (n, g) = tokio::join!(
+            upgrade(nginx_addr, path, pauses),
+            upgrade(gw_addr, path, pauses)
+        );
+        if n != g {
+            differences.push(format!("{name}:\n  nginx:   {n:?}\n  gateway: {g:?}"));
+        } else {
+            eprintln!("same: {name}: {} {:?}", n.status, n.body);
+        }
     }
     assert!(
         differences.is_empty(),

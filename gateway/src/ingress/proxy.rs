@@ -795,7 +795,12 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
                     && let UpstreamBody::H1(answer) = body
                 {
                     if let Some(upstream) = answer.into_conn() {
-                        tokio::spawn(splice(client_upgrade, upstream, ctx.conn.remote));
+                        tokio::spawn(splice(
+                            client_upgrade,
+                            upstream,
+                            ctx.conn.remote,
+                            ctx.timeouts.read,
+                        ));
                     }
                     parts.headers.remove(header::TRANSFER_ENCODING);
                     return Ok(Response::from_parts(
@@ -836,8 +841,16 @@ struct Lease {
 
 /// Carries an upgraded (`101`) exchange's bytes both ways: what the
 /// upstream sent past its answer's head first, then whatever either side
-/// sends.
-async fn splice(client: hyper::upgrade::OnUpgrade, upstream: super::h1::Conn, remote: SocketAddr) {
+/// sends, until either side ends or nothing moves either way for `idle`
+/// (the location's read timeout), as nginx's `ngx_http_upstream_process_upgraded`
+/// ends an upgraded connection whose upstream read timer runs out (each
+/// event in either direction sets it again).
+async fn splice(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: super::h1::Conn,
+    remote: SocketAddr,
+    idle: Duration,
+) {
     use tokio::io::AsyncWriteExt as _;
     let client = match client.await {
         Ok(client) => client,
@@ -847,16 +860,71 @@ async fn splice(client: hyper::upgrade::OnUpgrade, upstream: super::h1::Conn, re
         }
     };
     let mut client = TokioIo::new(client);
-    let (mut upstream, early) = upstream.into_parts();
+    let (upstream, early) = upstream.into_parts();
     if !early.is_empty()
         && let Err(e) = client.write_all(&early).await
     {
         tracing::debug!(%remote, error = %e, "upgraded connection ended");
         return;
     }
-    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+    if let Err(e) = carry(client, upstream, idle).await {
         tracing::debug!(%remote, error = %e, "upgraded connection ended");
     }
+}
+
+/// Bytes read on one side of an upgraded exchange are written to the
+/// other; ends when either side ends (nginx ends both once one has and
+/// what it sent is passed on) or nothing has moved for `idle`.
+async fn carry<C, U>(client: C, upstream: U, idle: Duration) -> std::io::Result<()>
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    use tokio::io::AsyncReadExt as _;
+    const BUF: usize = 8 * 1024;
+    let (mut client_rd, mut client_wr) = tokio::io::split(client);
+    let (mut upstream_rd, mut upstream_wr) = tokio::io::split(upstream);
+    let (mut up, mut down) = (vec![0u8; BUF], vec![0u8; BUF]);
+    loop {
+        let deadline = Instant::now() + idle;
+        let open = tokio::select! {
+            read = client_rd.read(&mut up) => pass(read?, &up, &mut upstream_wr, deadline, idle).await?,
+            read = upstream_rd.read(&mut down) => pass(read?, &down, &mut client_wr, deadline, idle).await?,
+            () = tokio::time::sleep_until(deadline) => return Err(quiet(idle)),
+        };
+        if !open {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes the `n` bytes one side of an upgraded exchange sent in `buf` to
+/// the other by `deadline` (`idle` after the last move); `false` when the
+/// side ended (the other is shut down then).
+async fn pass<W: tokio::io::AsyncWrite + Unpin>(
+    n: usize,
+    buf: &[u8],
+    to: &mut W,
+    deadline: Instant,
+    idle: Duration,
+) -> std::io::Result<bool> {
+    use tokio::io::AsyncWriteExt as _;
+    if n == 0 {
+        to.shutdown().await?;
+        return Ok(false);
+    }
+    tokio::time::timeout_at(deadline, to.write_all(&buf[..n]))
+        .await
+        .map_err(|_| quiet(idle))??;
+    Ok(true)
+}
+
+/// An upgraded exchange where nothing moved for `idle`.
+fn quiet(idle: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("nothing moved either way for {idle:?}"),
+    )
 }
 
 const BODY_TOO_LARGE: &str = "request body larger than client_max_body_size";
@@ -1412,6 +1480,44 @@ mod tests {
                 assert_eq!(&bytes[..], b"hello", "{case}");
             }
         }
+    }
+
+    /// An upgraded exchange carries bytes both ways, ends after `idle`
+    /// with nothing moving (traffic either way sets the timer again), and
+    /// ends for both sides once one side ends.
+    #[tokio::test(start_paused = true)]
+    async fn an_upgraded_exchange_ends_when_quiet_or_when_a_side_ends() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let idle = Duration::from_secs(60);
+
+        // Bytes from the client every 59 s keep it up; then 60 s of quiet
+        // end it.
+        let (client, mut client_far) = tokio::io::duplex(64);
+        let (upstream, mut upstream_far) = tokio::io::duplex(64);
+        let carried = tokio::spawn(carry(client, upstream, idle));
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(59)).await;
+            client_far.write_all(b"up").await.unwrap();
+            let mut got = [0u8; 2];
+            upstream_far.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"up");
+        }
+        let quiet = Instant::now();
+        let e = carried.await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert_eq!(quiet.elapsed(), idle);
+
+        // The upstream ends: what it sent is passed on, then the client's
+        // side ends too.
+        let (client, mut client_far) = tokio::io::duplex(64);
+        let (upstream, mut upstream_far) = tokio::io::duplex(64);
+        let carried = tokio::spawn(carry(client, upstream, idle));
+        upstream_far.write_all(b"bye").await.unwrap();
+        drop(upstream_far);
+        let mut got = Vec::new();
+        client_far.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye");
+        carried.await.unwrap().unwrap();
     }
 
     /// One request through the pool's shared connections, its body wrapped
