@@ -601,8 +601,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
     }
 
     let has_body = !body.is_end_stream();
-    // The body read whole ahead of the upstream, when it was: it can be
-    // sent again, and goes with its length.
+    // The body read whole ahead of the upstream, when it was: every try
+    // sends it (with its length); `body` then holds none.
     let mut whole = None;
     let declared = || {
         headers
@@ -617,9 +617,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
         .boxed_unsync(),
         _ => inner.map_err(Into::into).boxed_unsync(),
     };
-    let mut body = Some(match ctx.read_ahead {
+    let mut body = match ctx.read_ahead {
         // Nothing to carry: a body that needs no box of its own.
-        _ if !has_body => Outgoing::Streamed(super::client::empty_body()),
+        _ if !has_body => None,
         Some(ahead) if !upgrade && declared().is_none_or(|n| n <= ahead.size as u64) => {
             // Boxed: its state (a timer among it) would otherwise make every
             // request's future as large, bodies or not.
@@ -627,18 +627,18 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
                 Ok(ReadBody::Whole(bytes)) => {
                     // Sent with its length, as nginx sends a body it read.
                     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                    whole = Some(bytes.clone());
-                    Outgoing::Whole(bytes)
+                    whole = Some(bytes);
+                    None
                 }
                 Ok(ReadBody::Started { read, rest }) => {
                     let rest = limited(rest, read.len() as u64);
-                    Outgoing::Streamed(
+                    Some(Outgoing::Streamed(
                         Started {
                             read: Some(read),
                             rest,
                         }
                         .boxed_unsync(),
-                    )
+                    ))
                 }
                 Err(ReadFailure::TooLarge) => {
                     return Ok(error_page(
@@ -656,8 +656,8 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
                 }
             }
         }
-        _ => Outgoing::Streamed(limited(body, 0)),
-    });
+        _ => Some(Outgoing::Streamed(limited(body, 0))),
+    };
 
     let mut last_error = None;
     // What the client gets when no server answers: the last failure's
@@ -696,9 +696,11 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
         let Ok(uri) = uri else {
             return Ok(error_page(StatusCode::BAD_REQUEST, "400 Bad Request"));
         };
-        let b = body
-            .take()
-            .unwrap_or_else(|| Outgoing::Streamed(super::client::empty_body()));
+        let b = match (&whole, body.take()) {
+            (Some(bytes), _) => Outgoing::Whole(bytes.clone()),
+            (None, Some(streamed)) => streamed,
+            (None, None) => Outgoing::Streamed(super::client::empty_body()),
+        };
         let mut up = Request::new(b);
         *up.method_mut() = parts.method.clone();
         *up.uri_mut() = uri;
@@ -746,10 +748,9 @@ pub async fn forward(ctx: Ctx<'_>, mut req: Request<Incoming>) -> Result<Respons
             Err(mut e) if next => {
                 tracing::info!(upstream = addr, error = %e, "upstream failed; trying the next");
                 pool.failed(server);
-                body = match &whole {
-                    Some(bytes) => Some(Outgoing::Whole(bytes.clone())),
-                    None => e.take_body().map(Outgoing::Streamed),
-                };
+                // A streamed body comes back only from a server that took
+                // none of it; one read whole goes again from `whole`.
+                body = e.take_body().map(Outgoing::Streamed);
                 no_answer = if e.is_timeout() {
                     (StatusCode::GATEWAY_TIMEOUT, "504 Gateway Time-out")
                 } else {

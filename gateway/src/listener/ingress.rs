@@ -40,14 +40,11 @@ pub const INGRESS_MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
 pub const INGRESS_MAX_CONCURRENT_STREAMS: u32 = 128;
 
 /// What the gateway holds of one such stream's answer that the client has
-/// not taken yet (hyper's default is 400 KiB): with the stream bound, at
-/// most 8 MiB per connection for a client that stops reading, until
-/// `send_timeout` ends it. nginx holds 8 × 4 KiB (`proxy_buffers`) per
-/// request in memory.
+/// not taken yet (hyper's default, which a verified agent keeps, is 400
+/// KiB): with the stream bound, at most 8 MiB per connection for a client
+/// that stops reading, until `send_timeout` ends it. nginx holds 8 × 4 KiB
+/// (`proxy_buffers`) per request in memory.
 const INGRESS_MAX_SEND_BUF: usize = 64 * 1024;
-
-/// The same for a verified agent's tunnel streams: hyper's default.
-const AGENT_MAX_SEND_BUF: usize = 400 * 1024;
 
 /// Path prefix of the agent tunnel's gRPC methods.
 const TUNNEL_PREFIX: &str = "/spinlink.v1.";
@@ -161,16 +158,8 @@ impl Connection {
         let shared = self.shared.clone();
         let tunnel_served = !shared.upstreams.is_empty();
         // Browsers and API clients get nginx's bounds; a verified agent the
-        // listener's, sized for its many streams.
-        let (max_streams, max_send_buf) = match &peer {
-            None => (
-                self.settings
-                    .max_concurrent_streams
-                    .min(INGRESS_MAX_CONCURRENT_STREAMS),
-                INGRESS_MAX_SEND_BUF,
-            ),
-            Some(_) => (self.settings.max_concurrent_streams, AGENT_MAX_SEND_BUF),
-        };
+        // listener's, sized for its many streams, and hyper's buffer.
+        let stranger = peer.is_none();
         let activity = Activity::new();
         let streams = activity.clone();
         let service =
@@ -211,9 +200,18 @@ impl Connection {
             .timer(TokioTimer::new())
             .keep_alive_interval(DEFAULT_KEEPALIVE_INTERVAL)
             .keep_alive_timeout(DEFAULT_KEEPALIVE_TIMEOUT)
-            .max_concurrent_streams(max_streams)
-            .max_send_buf_size(max_send_buf)
+            .max_concurrent_streams(self.settings.max_concurrent_streams)
             .max_header_list_size(INGRESS_MAX_HEADER_LIST_SIZE);
+        if stranger {
+            builder
+                .http2()
+                .max_concurrent_streams(
+                    self.settings
+                        .max_concurrent_streams
+                        .min(INGRESS_MAX_CONCURRENT_STREAMS),
+                )
+                .max_send_buf_size(INGRESS_MAX_SEND_BUF);
+        }
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
         let mut conn = std::pin::pin!(conn);
         let result = tokio::select! {
