@@ -25,18 +25,22 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 pub fn compact<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     // Serialising into memory fails only for maps with non-string keys,
     // which no API document has.
-    let text = serde_json::to_vec(value).unwrap_or_default();
-    match escaped(&text) {
-        Cow::Borrowed(_) => text,
-        Cow::Owned(out) => out,
-    }
+    escape_text(serde_json::to_vec(value).unwrap_or_default())
 }
 
 /// `value` indented as Go's `json.MarshalIndent(v, "", "  ")` writes it
 /// (escaped alike, no newline after).
 pub fn encode_indented<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
-    let pretty = serde_json::to_vec_pretty(value).unwrap_or_default();
-    escaped(&pretty).into_owned()
+    escape_text(serde_json::to_vec_pretty(value).unwrap_or_default())
+}
+
+/// [`escaped`] for text the caller owns: the same text back, not copied,
+/// when there is nothing to escape.
+pub fn escape_text(json: Vec<u8>) -> Vec<u8> {
+    match escaped(&json) {
+        Cow::Borrowed(_) => json,
+        Cow::Owned(out) => out,
+    }
 }
 
 /// JSON text (as serde_json writes it) with what Go's `encoding/json`

@@ -246,10 +246,7 @@ fn object_text(object: &Value) -> String {
             let _ = serde_json::to_writer(&mut out, object);
         }
     }
-    let out = match spinlink_kube_api::json::escaped(&out) {
-        std::borrow::Cow::Borrowed(_) => out,
-        std::borrow::Cow::Owned(escaped) => escaped,
-    };
+    let out = spinlink_kube_api::json::escape_text(out);
     // serde_json wrote text, and escaping replaced ASCII bytes only.
     String::from_utf8(out).unwrap_or_default()
 }
